@@ -1,0 +1,16 @@
+from django.urls import path
+
+from . import views
+
+app_name = "api"
+
+urlpatterns = [
+    path("requests/", views.RequestListCreate.as_view(), name="request-list"),
+    path("requests/cancel/", views.RequestCancelMany.as_view(), name="request-cancel-many"),
+    path("requests/<int:pk>/", views.RequestDetail.as_view(), name="request-detail"),
+    path("requests/<int:pk>/cancel/", views.RequestCancel.as_view(), name="request-cancel"),
+    path("bulks/", views.BulkList.as_view(), name="bulk-list"),
+    path("bulks/<uuid:pk>/", views.BulkDetail.as_view(), name="bulk-detail"),
+    path("bulks/<uuid:pk>/cancel/", views.BulkCancel.as_view(), name="bulk-cancel"),
+    path("summary/", views.Summary.as_view(), name="summary"),
+]

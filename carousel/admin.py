@@ -1,0 +1,117 @@
+from django.contrib import admin, messages
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+
+
+from . import services
+from .tasks import withdraw_on_commit
+from .models import Account, Bulk, Control, FileLocation, GroupShare, Job, RestoreRequest, Tape, Transition
+
+
+class AccountInline(admin.StackedInline):
+    model = Account
+    can_delete = False
+    verbose_name_plural = "limits and share group"
+
+
+class GroupShareInline(admin.StackedInline):
+    model = GroupShare
+    can_delete = False
+    verbose_name_plural = "share and cap"
+
+
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class CarouselUserAdmin(UserAdmin):
+    inlines = [AccountInline]
+
+
+@admin.register(Group)
+class CarouselGroupAdmin(GroupAdmin):
+    inlines = [GroupShareInline]
+
+
+@admin.register(Control)
+class ControlAdmin(admin.ModelAdmin):
+    readonly_fields = ["last_cycle_at", "last_cycle_error"]
+
+    def has_add_permission(self, request):
+        return not Control.objects.exists()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(RestoreRequest)
+class RestoreRequestAdmin(admin.ModelAdmin):
+    list_display = ["id", "path", "user", "state", "priority", "tape", "attempts", "error_class", "created_at",
+                    "finished_at"]
+    list_filter = ["state", "error_class", "priority"]
+    search_fields = ["path", "user__username", "tape__label"]
+    raw_id_fields = ["user", "tape", "job", "group"]
+    list_select_related = ["user", "tape"]
+    readonly_fields = ["path_key", "created_at", "updated_at", "submitted_at", "started_at", "finished_at"]
+    actions = ["cancel", "retry_now"]
+    # A million rows: count with an estimate-free but cheap query, never the full changelist count.
+    show_full_result_count = False
+
+    @admin.action(description="Cancel the selected requests")
+    def cancel(self, request, queryset):
+        count, pairs = services.request_cancel(queryset=queryset, now=timezone.now(),
+                                               reason=f"cancelled by operator {request.user}")
+        withdraw_on_commit(pairs)
+        self.message_user(request, f"{count} request(s) cancelled.", messages.SUCCESS)
+
+    @admin.action(description="Retry now (failed or waiting requests go back to the queue)")
+    def retry_now(self, request, queryset):
+        count = services.request_retry_now(queryset=queryset, now=timezone.now())
+        self.message_user(request, f"{count} request(s) queued again.", messages.SUCCESS)
+
+
+@admin.register(Tape)
+class TapeAdmin(admin.ModelAdmin):
+    list_display = ["label", "media", "quarantined_at", "quarantine_reason"]
+    list_filter = ["media"]
+    search_fields = ["label"]
+
+
+@admin.register(FileLocation)
+class FileLocationAdmin(admin.ModelAdmin):
+    list_display = ["path", "tape", "position", "size", "located_at"]
+    search_fields = ["path", "tape__label"]
+    raw_id_fields = ["tape"]
+    show_full_result_count = False
+
+
+@admin.register(Bulk)
+class BulkAdmin(admin.ModelAdmin):
+    list_display = ["id", "user", "created_at", "files", "created"]
+    search_fields = ["id", "user__username"]
+    raw_id_fields = ["user"]
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["id", "tape", "state", "files", "backend_id", "created_at", "sent_at", "progress_at"]
+    list_filter = ["state"]
+    raw_id_fields = ["tape"]
+
+
+@admin.register(Transition)
+class TransitionAdmin(admin.ModelAdmin):
+    list_display = ["request", "from_state", "to_state", "at"]
+    list_filter = ["to_state"]
+    search_fields = ["request__path", "request__user__username"]
+    raw_id_fields = ["request"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,19 @@
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "carousel.settings")
+
+app = Celery("carousel")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@app.on_after_finalize.connect
+def schedule_cycle(sender, **kwargs):
+    from django.conf import settings
+
+    tick = settings.CAROUSEL_TICK_S
+    # expires < tick: a tick that waited in the queue past the next one is dropped, not stacked.
+    sender.add_periodic_task(tick, sender.signature("carousel.tasks.cycle_tick"), name="cycle tick",
+                             expires=tick * 0.9)

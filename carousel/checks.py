@@ -1,0 +1,20 @@
+from django.conf import settings
+from django.core.checks import Error, register
+
+from .plugins import PluginError, resolve
+
+
+@register()
+def plugins_resolve(app_configs, **kwargs):
+    """Every registered plugin name must import, so a typo fails at start, not mid-cycle."""
+    errors = []
+    for registry in ("CAROUSEL_STAGERS", "CAROUSEL_SORT_POLICIES", "CAROUSEL_SHARE_POLICIES"):
+        for name in getattr(settings, registry, {}):
+            try:
+                resolve(registry, name)
+            except PluginError as exc:
+                errors.append(Error(str(exc), id="carousel.E001"))
+    if settings.CAROUSEL_STAGER not in settings.CAROUSEL_STAGERS:
+        errors.append(Error(f"CAROUSEL_STAGER={settings.CAROUSEL_STAGER!r} is not in CAROUSEL_STAGERS",
+                            id="carousel.E002"))
+    return errors

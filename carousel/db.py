@@ -1,0 +1,67 @@
+"""The few places where PostgreSQL has a mechanism SQLite lacks (COPY, advisory locks),
+each with its one small fallback for the embedded SQLite default."""
+import contextlib
+import fcntl
+import zlib
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+
+def is_postgres():
+    return connection.vendor == "postgresql"
+
+
+def insert_rows(model, columns, rows):
+    """Insert many rows of `model`, given as tuples in the order of `columns` (field attnames).
+    Returns the new primary keys in order. PostgreSQL: ids drawn from the table's sequence in
+    one query, rows sent by COPY (about 10x faster than INSERT for 100,000 rows)."""
+    rows = list(rows)
+    if not rows:
+        return []
+    table = model._meta.db_table
+    pk = model._meta.pk.column
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
+                           [table, pk, len(rows)])
+            ids = [r[0] for r in cursor.fetchall()]
+            cols = ", ".join([pk, *(model._meta.get_field(c).column for c in columns)])
+            with cursor.cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                for id_, row in zip(ids, rows):
+                    copy.write_row((id_, *row))
+        return ids
+    objs = model.objects.bulk_create([model(**dict(zip(columns, row))) for row in rows], batch_size=5000)
+    return [o.pk for o in objs]
+
+
+@contextlib.contextmanager
+def try_lock(name):
+    """A non-blocking lock held for the duration of the block: yields True when taken, False
+    when another process holds it. PostgreSQL: a session advisory lock, freed by the server if
+    the process dies. SQLite: an flock on a file beside the database, freed by the kernel."""
+    key = zlib.crc32(name.encode())
+    if is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+            taken = cursor.fetchone()[0]
+        try:
+            yield taken
+        finally:
+            if taken:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+        return
+    lock_dir = Path(settings.VAR_DIR)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{name}.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

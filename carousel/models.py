@@ -1,0 +1,281 @@
+"""The core domain: restore requests, the bulk submissions that group them, tapes, jobs,
+limits per user and group, the control row, and the history of every state change."""
+import hashlib
+import uuid
+
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.db import models
+from django.db.models import Q
+
+
+def path_key(path: str) -> uuid.UUID:
+    """A fixed-size key for a path. Paths reach 4096 bytes, past what a btree index entry may
+    hold, so uniqueness and look-ups go through this 16-byte digest instead of the text."""
+    return uuid.UUID(bytes=hashlib.blake2b(path.encode(), digest_size=16).digest())
+
+
+class RequestState(models.TextChoices):
+    QUEUED = "queued"
+    SUBMITTED = "submitted"  # in a job at the stager
+    STAGING = "staging"  # the stager reports work on it
+    RETRY = "retry"  # failed transiently, waits for its retry time
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+S = RequestState
+ACTIVE_STATES = (S.QUEUED, S.SUBMITTED, S.STAGING, S.RETRY)
+IN_FLIGHT_STATES = (S.SUBMITTED, S.STAGING)
+TERMINAL_STATES = (S.DONE, S.FAILED, S.CANCELLED, S.EXPIRED)
+
+# target state -> the states it may be reached from; every change is guarded by this table.
+ALLOWED_FROM = {
+    S.SUBMITTED: (S.QUEUED,),
+    S.STAGING: (S.SUBMITTED,),
+    # A queued request completes when another user's shared stage of the same file does.
+    S.DONE: (S.QUEUED, S.SUBMITTED, S.STAGING, S.RETRY),
+    S.RETRY: (S.SUBMITTED, S.STAGING),
+    # retry time reached; a job reconciled as never received; an operator's "retry now".
+    S.QUEUED: (S.RETRY, S.SUBMITTED, S.STAGING, S.FAILED),
+    S.FAILED: ACTIVE_STATES,
+    S.CANCELLED: ACTIVE_STATES,
+    S.EXPIRED: ACTIVE_STATES,
+}
+
+
+class ErrorClass(models.TextChoices):
+    NONE = "", "none"
+    TRANSIENT = "transient"  # stager unreachable, timeout, drive error: retried on the cycle
+    PERMANENT = "permanent"  # no such file, lost or unreadable tape
+    USER = "user"  # bad destination, quota
+    DELIVERY = "delivery"  # copying the staged file to its destination failed
+
+
+class Control(models.Model):
+    """The one row operators edit to steer the loop; read at every cycle, so a change applies
+    at the next one without a restart."""
+
+    sort_policy = models.CharField(max_length=64, default="TAPEID")
+    share_policy = models.CharField(max_length=64, default="GRPW")
+    policy_params = models.JSONField(default=dict, blank=True)
+    files_per_job = models.PositiveIntegerField("files per job (N)", default=15)
+    jobs_in_flight = models.PositiveIntegerField("jobs in flight (K)", default=50)
+    cycle_s = models.FloatField("cycle period (s)", default=10.0)
+    default_user_cap = models.PositiveIntegerField("default requests in flight per user", default=500)
+    default_group_cap = models.PositiveIntegerField("default requests in flight per group", default=5000)
+    default_queued_ceiling = models.PositiveIntegerField("default queued requests per user", default=500_000)
+    retry_cycle_s = models.FloatField("retry cycle (s)", default=600.0,
+                                      help_text="Transient failures wait this long, then retry together.")
+    max_attempts = models.PositiveSmallIntegerField("attempts before failing", default=5)
+    locate_batch = models.PositiveIntegerField("paths located per cycle", default=5000)
+    paused = models.BooleanField("submission paused", default=False)
+    last_cycle_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_cycle_error = models.TextField(blank=True, editable=False)
+
+    class Meta:
+        verbose_name = "control"
+        verbose_name_plural = "control"
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="control_is_singleton")]
+
+    def __str__(self):
+        return "Carousel control"
+
+    @classmethod
+    def get(cls):
+        obj, _ = cls.objects.get_or_create(id=1)
+        return obj
+
+
+class Account(models.Model):
+    """Per-user limits. Empty limits fall back to the control row's defaults; a privileged
+    user is simply given larger numbers here."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="account")
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL,
+                              help_text="The group whose share this user's requests draw on.")
+    inflight_cap = models.PositiveIntegerField(null=True, blank=True,
+                                               help_text="Most requests in flight at once (empty: default).")
+    queued_ceiling = models.PositiveIntegerField(null=True, blank=True,
+                                                 help_text="Most active requests at once (empty: default).")
+
+    def __str__(self):
+        return f"limits of {self.user}"
+
+
+class GroupShare(models.Model):
+    group = models.OneToOneField(Group, on_delete=models.CASCADE, related_name="share")
+    weight = models.FloatField(default=1.0, help_text="Relative share under weighted sharing (GRPW).")
+    inflight_cap = models.PositiveIntegerField(null=True, blank=True,
+                                               help_text="Most requests in flight for the group (empty: default).")
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="groupshare_weight_positive")]
+
+    def __str__(self):
+        return f"share of {self.group}"
+
+
+class Tape(models.Model):
+    label = models.CharField(max_length=64, unique=True)
+    media = models.CharField(max_length=32, blank=True)
+    used_bytes = models.BigIntegerField(null=True, blank=True)
+    quarantined_at = models.DateTimeField(null=True, blank=True)
+    quarantine_reason = models.TextField(blank=True)
+
+    def __str__(self):
+        return self.label
+
+
+class FileLocation(models.Model):
+    """Where a file lies on tape, as the stager's locate() reported it."""
+
+    path = models.TextField()
+    path_key = models.UUIDField(unique=True)
+    tape = models.ForeignKey(Tape, on_delete=models.CASCADE, related_name="files")
+    position = models.BigIntegerField(help_text="Byte offset from the beginning of the tape.")
+    size = models.BigIntegerField()
+    located_at = models.DateTimeField()
+
+    def __str__(self):
+        return self.path
+
+
+class Bulk(models.Model):
+    """The requests of one submission, under one id (the shape of a WLCG stage request)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="bulks")
+    created_at = models.DateTimeField()
+    files = models.PositiveIntegerField()
+    created = models.PositiveIntegerField(help_text="Requests this submission created.")
+    notify = models.BooleanField(default=False)
+    notified_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "-created_at"])]
+
+    def __str__(self):
+        return str(self.id)
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending"  # committed, not yet acknowledged by the stager
+    SENT = "sent"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Job(models.Model):
+    """A batch of requests sent to the stager. Its id exists before it is sent, so sending is
+    idempotent on it and a crash between commit and acknowledgement can be reconciled."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tape = models.ForeignKey(Tape, null=True, blank=True, on_delete=models.SET_NULL)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    backend_id = models.CharField(max_length=128, blank=True)
+    files = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+    progress_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state"], name="job_open", condition=Q(state__in=["pending", "sent"]))]
+
+    def __str__(self):
+        return f"job {self.id}"
+
+
+class RestoreRequest(models.Model):
+    """One file for one user."""
+
+    # Indexed by (user, state) below.
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="restore_requests",
+                             db_index=False)
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL)
+    path = models.TextField()
+    path_key = models.UUIDField()
+    size = models.BigIntegerField(null=True, blank=True)
+    tape = models.ForeignKey(Tape, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests")
+    position = models.BigIntegerField(null=True, blank=True)
+    priority = models.PositiveSmallIntegerField(default=0)
+    destination = models.TextField(blank=True)
+    deadline = models.DateTimeField(null=True, blank=True, help_text="Unfinished after this: expired.")
+    pin_lifetime = models.DurationField(null=True, blank=True,
+                                        help_text="How long the restored copy must stay on disk.")
+    state = models.CharField(max_length=16, choices=RequestState.choices, default=RequestState.QUEUED)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True, default="")
+    last_error = models.TextField(blank=True)
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "path_key"], condition=Q(state__in=ACTIVE_STATES),
+                                    name="one_active_request_per_user_and_file"),
+            models.CheckConstraint(condition=Q(priority__lte=3), name="request_priority_0_to_3"),
+            models.CheckConstraint(condition=Q(state__in=RequestState.values), name="request_state_known"),
+            # Each state carries the timestamps it implies.
+            models.CheckConstraint(condition=Q(state__in=TERMINAL_STATES, finished_at__isnull=False)
+                                   | (~Q(state__in=TERMINAL_STATES) & Q(finished_at__isnull=True)),
+                                   name="request_finished_iff_terminal"),
+            models.CheckConstraint(condition=~Q(state__in=IN_FLIGHT_STATES)
+                                   | Q(submitted_at__isnull=False, job__isnull=False),
+                                   name="request_in_flight_has_job"),
+            models.CheckConstraint(condition=~Q(state=S.STAGING) | Q(started_at__isnull=False),
+                                   name="request_staging_has_started_at"),
+            models.CheckConstraint(condition=~Q(state=S.RETRY) | Q(retry_at__isnull=False),
+                                   name="request_retry_has_retry_at"),
+            models.CheckConstraint(condition=~Q(state=S.DONE) | Q(error_class=""),
+                                   name="request_done_has_no_error"),
+        ]
+        indexes = [
+            models.Index(fields=["path_key"], name="request_active_path",
+                         condition=Q(state__in=ACTIVE_STATES)),
+            models.Index(fields=["user", "state"], name="request_user_state"),
+            models.Index(fields=["deadline"], name="request_active_deadline",
+                         condition=Q(deadline__isnull=False, state__in=ACTIVE_STATES)),
+            models.Index(fields=["retry_at"], name="request_retry_due", condition=Q(state=S.RETRY)),
+            models.Index(fields=["created_at"], name="request_unlocated",
+                         condition=Q(state=S.QUEUED, tape__isnull=True)),
+        ]
+
+    def __str__(self):
+        return f"{self.path} for {self.user_id} ({self.state})"
+
+
+class BulkItem(models.Model):
+    """Membership of a request in a submission. A request asked for again in a later
+    submission (same user, still active) belongs to both."""
+
+    bulk = models.ForeignKey(Bulk, on_delete=models.CASCADE, related_name="items", db_index=False)
+    request = models.ForeignKey(RestoreRequest, on_delete=models.CASCADE, related_name="bulk_items")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["bulk", "request"], name="bulkitem_unique")]
+
+
+class Transition(models.Model):
+    """One state change of one request. Written by a database trigger on every update of
+    RestoreRequest.state, so no code path can change a state without leaving a trace."""
+
+    request = models.ForeignKey(RestoreRequest, on_delete=models.CASCADE, related_name="transitions")
+    from_state = models.CharField(max_length=16, choices=RequestState.choices)
+    to_state = models.CharField(max_length=16, choices=RequestState.choices)
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["at"], name="transition_at")]
+
+    def __str__(self):
+        return f"{self.request_id}: {self.from_state} -> {self.to_state}"

@@ -1,0 +1,65 @@
+"""Validation of submitted paths: a pure function, so the API, the web form and later front
+doors all refuse the same things with the same words."""
+import re
+from dataclasses import dataclass
+
+_SLASHES = re.compile(r"/{2,}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class PathError:
+    index: int  # 0-based position in the submitted list
+    path: str
+    message: str
+
+    def as_dict(self):
+        # Line numbers help people who pasted a list; index helps programs.
+        return {"index": self.index, "line": self.index + 1, "path": self.path[:200], "message": self.message}
+
+
+def check_path(path, *, max_bytes):
+    """Return (normalised path, None) or (None, message)."""
+    if not isinstance(path, str):
+        return None, f"expected a string, got {type(path).__name__}"
+    if path == "":
+        return None, "empty path"
+    if "\x00" in path:
+        return None, "contains a NUL byte"
+    if _CONTROL.search(path):
+        return None, "contains a control character (newline, tab, ...)"
+    if not path.startswith("/"):
+        return None, "not an absolute path: it must start with '/'"
+    if len(path.encode("utf-8", "surrogatepass")) > max_bytes:
+        return None, f"longer than {max_bytes} bytes"
+    # Duplicate slashes name the same file; collapse them as tape endpoints do.
+    path = _SLASHES.sub("/", path)
+    parts = path.split("/")
+    if ".." in parts:
+        return None, "contains a '..' component"
+    if "." in parts[1:]:
+        return None, "contains a '.' component"
+    if path.endswith("/"):
+        return None, "ends with '/': a restore names a file, not a directory"
+    return path, None
+
+
+def validate_paths(paths, *, max_count, max_bytes):
+    """Check a whole submission. Returns (unique normalised paths in first-seen order, errors).
+    The caller stores nothing unless errors is empty."""
+    if not isinstance(paths, list):
+        return [], [PathError(-1, "", "expected a list of paths")]
+    if not paths:
+        return [], [PathError(-1, "", "the list of paths is empty")]
+    if len(paths) > max_count:
+        return [], [PathError(-1, "", f"{len(paths)} paths in one submission; the limit is {max_count}: "
+                                      "split it into several submissions")]
+    seen = {}
+    errors = []
+    for index, raw in enumerate(paths):
+        path, message = check_path(raw, max_bytes=max_bytes)
+        if message:
+            errors.append(PathError(index, raw if isinstance(raw, str) else repr(raw), message))
+        elif path not in seen:
+            seen[path] = None
+    return list(seen), errors

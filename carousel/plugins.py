@@ -1,0 +1,42 @@
+"""Plugins named in settings, resolved like Django's pluggable backends: a setting maps a name
+to a dotted path, import_string resolves it once, and the cache resets when a test overrides
+the setting."""
+import functools
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.utils.module_loading import import_string
+
+
+class PluginError(Exception):
+    pass
+
+
+@functools.cache
+def resolve(registry_setting, name):
+    """The class registered as `name` in the dict setting `registry_setting`."""
+    from django.conf import settings
+
+    registry = getattr(settings, registry_setting)
+    if name not in registry:
+        raise PluginError(f"{name!r} is not in {registry_setting}; known: {', '.join(sorted(registry))}")
+    try:
+        return import_string(registry[name])
+    except ImportError as exc:
+        raise PluginError(f"{registry_setting}[{name!r}] = {registry[name]!r} does not import: {exc}") from exc
+
+
+@functools.cache
+def stager():
+    """The configured stager, one instance per process."""
+    from django.conf import settings
+
+    cls = resolve("CAROUSEL_STAGERS", settings.CAROUSEL_STAGER)
+    return cls(**settings.CAROUSEL_STAGER_OPTIONS)
+
+
+@receiver(setting_changed)
+def _reset(setting, **kwargs):
+    if setting.startswith("CAROUSEL_"):
+        resolve.cache_clear()
+        stager.cache_clear()

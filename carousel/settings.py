@@ -1,0 +1,154 @@
+"""Settings come from the environment; with nothing set, the embedded default runs:
+SQLite in var/ and Celery on kombu's filesystem transport, so no server is needed."""
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("CAROUSEL_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name, default=False):
+    return os.environ.get(name, str(default)).lower() in ("1", "true", "yes", "on")
+
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "carousel-embedded-insecure-key-set-SECRET_KEY-in-production")
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "carousel",
+    "policies",
+    "api",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "carousel.urls"
+WSGI_APPLICATION = "carousel.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'carousel.sqlite3'}"),
+        conn_max_age=int(os.environ.get("CONN_MAX_AGE", "0")),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # WAL and a busy timeout let the web server and the worker share the file.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The submit endpoint takes 100,000 paths in one body (about 10 MB of JSON).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
+
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    "DEFAULT_PAGINATION_CLASS": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Carousel API",
+    "DESCRIPTION": "Tape-restore request broker: submit, follow and cancel restore requests.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# Celery: Redis when REDIS_URL is set, else kombu's filesystem transport under var/.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+else:
+    _queue_dir = VAR_DIR / "celery-queue"
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(VAR_DIR / "celery-processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Beat ticks often and the cycle task decides from the control table whether a cycle is due,
+# so an operator's change of the cycle period applies without a restart.
+CAROUSEL_TICK_S = float(os.environ.get("CAROUSEL_TICK_S", "2"))
+
+# Plugins: name -> dotted path, resolved lazily with import_string (see carousel/plugins.py).
+CAROUSEL_STAGERS = {
+    "immediate": "carousel.stagers.immediate.ImmediateStager",
+}
+CAROUSEL_STAGER = os.environ.get("CAROUSEL_STAGER", "immediate")
+CAROUSEL_STAGER_OPTIONS = {}
+
+# Limits of one submission.
+CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
+CAROUSEL_MAX_PATH_BYTES = 4096
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"carousel": {"handlers": ["console"], "level": os.environ.get("CAROUSEL_LOG_LEVEL", "INFO")}},
+}

@@ -1,0 +1,58 @@
+"""The contract between the loop and a tape backend. A backend subclasses Stager."""
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Location:
+    path: str
+    tape: str
+    position: int  # byte offset from the beginning of the tape
+    size: int
+    media: str = ""
+
+
+@dataclass(frozen=True)
+class LocateError:
+    path: str
+    error_class: str  # an ErrorClass value
+    message: str
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    path: str
+    state: str  # "queued", "staging", "done" or "failed"
+    error_class: str = ""
+    message: str = ""
+
+
+@dataclass
+class JobSpec:
+    id: str  # the broker's job id: sending twice with the same id must not stage twice
+    paths: list
+    tape: str = ""
+    backend_id: str = ""  # set once the backend acknowledged the job
+    lifetimes: dict = field(default_factory=dict)
+
+
+class Stager:
+    def locate(self, paths):
+        """Return a list with one Location or LocateError per path."""
+        raise NotImplementedError
+
+    def submit(self, job):
+        """Send a JobSpec; return the backend's id for it. Idempotent on job.id."""
+        raise NotImplementedError
+
+    def poll(self, jobs):
+        """Given sent JobSpecs, return {job.id: [FileStatus, ...]}. A job left out of the
+        answer is one the backend does not know (lost, or never received)."""
+        raise NotImplementedError
+
+    def cancel(self, backend_id, paths):
+        """Withdraw these paths of one job from the backend."""
+        raise NotImplementedError
+
+    def status(self):
+        """What the backend knows of its drives and queues, as a dict ({} when nothing)."""
+        return {}
