@@ -27,7 +27,8 @@ class SubmitSerializer(StrictSerializer):
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
-            raise serializers.ValidationError("expected a JSON object such as {\"paths\": [\"/a/b\"]}")
+            raise serializers.ValidationError(
+                {"non_field_errors": ['expected a JSON object such as {"paths": ["/a/b"]}']})
         paths = data.get("paths")
         # ListField would run a child field per path: 100,000 of them cost seconds. The list's
         # contents are validated once, in the service.

@@ -71,7 +71,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
     with transaction.atomic():
         # One submission per user at a time, so the ceiling check cannot be raced.
         Account.objects.get_or_create(user=user)
-        account = Account.objects.select_for_update().select_related("group").get(user=user)
+        account = Account.objects.select_for_update().get(user=user)
         control = Control.get()
         active = list(
             RestoreRequest.objects.filter(path_key__in=keys, state__in=ACTIVE_STATES)

@@ -1,0 +1,56 @@
+# The two commands of the README: `make run` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ADDR ?= 127.0.0.1:8000
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
+
+.PHONY: run test venv services test-python smoke-sqlite compose-check worker clean
+
+venv: $(STAMP)
+$(STAMP): requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $(STAMP)
+
+# The embedded default: SQLite under var/, Celery on its filesystem transport, beat inside the
+# worker. With DATABASE_URL and REDIS_URL set, the same targets use PostgreSQL and Redis.
+run: venv
+	mkdir -p var/static
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py demo
+	@echo "Carousel at http://$(ADDR)/  (admin: http://$(ADDR)/admin/, API: http://$(ADDR)/api/docs/)"
+	@trap 'kill 0' EXIT INT TERM; \
+	$(PY) -m celery -A carousel worker -B --pool=solo --loglevel=WARNING & \
+	$(PY) manage.py runserver --noreload $(ADDR)
+
+# Debian packages the tests need, installed when missing (this machine's kind: Debian 12, root).
+services:
+	@missing=""; \
+	[ -x /usr/lib/postgresql/15/bin/initdb ] || missing="$$missing postgresql-15"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	command -v runuser >/dev/null || missing="$$missing util-linux"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; apt-get update -q && $(APT_INSTALL) $$missing; \
+	fi
+
+test: venv services
+	$(PY) -m carousel.localservices -- $(MAKE) --no-print-directory test-python
+	$(MAKE) --no-print-directory smoke-sqlite compose-check
+
+test-python:
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The embedded default must not rot: migrate, submit, one loop cycle, on SQLite.
+smoke-sqlite:
+	@rm -rf var/smoke
+	env -u DATABASE_URL -u REDIS_URL CAROUSEL_VAR_DIR=var/smoke $(PY) manage.py smoke
+
+compose-check:
+	SECRET_KEY=compose-check docker-compose -f docker-compose.yml config -q && echo "docker-compose.yml is valid"
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,82 @@
+import os
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from carousel.models import Account, GroupShare
+
+
+def pytest_configure(config):
+    # The suite runs against real servers; `make test` starts them (carousel/localservices.py).
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        raise pytest.UsageError("tests need PostgreSQL: run `make test`, or set DATABASE_URL and REDIS_URL")
+
+
+@pytest.fixture(autouse=True)
+def _eager_celery(settings):
+    # Tasks fired by views (withdrawals at the stager) run inline here; the loop's own worker
+    # tests start a real worker instead.
+    from carousel.celery import app
+
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def now():
+    return timezone.now()
+
+
+def make_user(username, group=None, staff=False):
+    user = User.objects.create_user(username, password=f"{username}-pw", is_staff=staff)
+    if group:
+        grp, _ = Group.objects.get_or_create(name=group)
+        GroupShare.objects.get_or_create(group=grp)
+        user.groups.add(grp)
+        Account.objects.create(user=user, group=grp)
+    return user
+
+
+@pytest.fixture
+def alice(db):
+    return make_user("alice", "analysis")
+
+
+@pytest.fixture
+def bob(db):
+    return make_user("bob", "analysis")
+
+
+@pytest.fixture
+def charlie(db):
+    return make_user("charlie", "production")
+
+
+@pytest.fixture
+def operator(db):
+    return make_user("operator", "production", staff=True)
+
+
+def client_for(user):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+    return client
+
+
+@pytest.fixture
+def as_alice(alice):
+    return client_for(alice)
+
+
+@pytest.fixture
+def as_bob(bob):
+    return client_for(bob)
+
+
+@pytest.fixture
+def as_operator(operator):
+    return client_for(operator)
