@@ -1,0 +1,60 @@
+import pytest
+
+from carousel.models import Control, RestoreRequest
+from carousel.services import restore_submit
+
+
+@pytest.fixture
+def as_staff(client, operator):
+    operator.is_superuser = True
+    operator.save()
+    client.force_login(operator)
+    return client
+
+
+@pytest.mark.parametrize("url", [
+    "/admin/", "/admin/carousel/restorerequest/", "/admin/carousel/control/", "/admin/carousel/tape/",
+    "/admin/carousel/transition/", "/admin/carousel/job/", "/admin/carousel/bulk/", "/admin/auth/user/",
+    "/admin/auth/group/", "/admin/carousel/filelocation/",
+])
+def test_operator_pages_load(as_staff, alice, now, url):
+    restore_submit(user=alice, now=now, paths=["/a"])
+    Control.get()
+    assert as_staff.get(url).status_code == 200
+
+
+def test_requests_are_searchable_by_path_and_user(as_staff, alice, bob, now):
+    restore_submit(user=alice, now=now, paths=["/needle/x"])
+    restore_submit(user=bob, now=now, paths=["/hay/y"])
+    page = as_staff.get("/admin/carousel/restorerequest/", {"q": "needle"}).content.decode()
+    assert "/needle/x" in page and "/hay/y" not in page
+    page = as_staff.get("/admin/carousel/restorerequest/", {"q": "bob"}).content.decode()
+    assert "/hay/y" in page and "/needle/x" not in page
+
+
+def test_admin_actions_cancel_and_retry_now(as_staff, alice, now):
+    restore_submit(user=alice, now=now, paths=["/a", "/b"])
+    a, b = RestoreRequest.objects.order_by("path")
+    RestoreRequest.objects.filter(pk=b.pk).update(state="failed", finished_at=now, error_class="transient")
+    url = "/admin/carousel/restorerequest/"
+    as_staff.post(url, {"action": "cancel", "_selected_action": [a.pk]})
+    as_staff.post(url, {"action": "retry_now", "_selected_action": [b.pk]})
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert a.state == "cancelled" and "operator" in a.last_error
+    assert b.state == "queued" and b.finished_at is None and b.error_class == ""
+
+
+def test_retry_now_skips_a_file_the_user_already_asked_for_again(alice, now):
+    from carousel.services import request_retry_now
+
+    restore_submit(user=alice, now=now, paths=["/a"])
+    RestoreRequest.objects.update(state="failed", finished_at=now)
+    restore_submit(user=alice, now=now, paths=["/a"])
+    assert request_retry_now(queryset=RestoreRequest.objects.all(), now=now) == 0
+
+
+def test_the_control_row_is_editable(as_staff):
+    control = Control.get()
+    page = as_staff.get(f"/admin/carousel/control/{control.pk}/change/")
+    assert page.status_code == 200 and b"Files per job (N)" in page.content

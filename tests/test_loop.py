@@ -1,0 +1,159 @@
+import threading
+from datetime import timedelta
+
+from django.db import connections
+
+from carousel import db
+from carousel.loop import run_cycle
+from carousel.models import Control, Job, RestoreRequest, Tape
+from carousel.services import restore_submit
+from carousel.stagers.base import FileStatus, LocateError
+from carousel.stagers.immediate import ImmediateStager
+
+
+class ScriptedStager(ImmediateStager):
+    """The immediate stager, with poll answers and locate failures set by the test."""
+
+    def __init__(self):
+        super().__init__()
+        self.answer = "done"
+        self.error_class = ""
+        self.missing = set()
+        self.forget = False
+        self.submitted = []
+
+    def locate(self, paths):
+        found = super().locate([p for p in paths if p not in self.missing])
+        return found + [LocateError(p, "permanent", "no such file in the HSM") for p in paths if p in self.missing]
+
+    def submit(self, job):
+        self.submitted.append(job)
+        return super().submit(job)
+
+    def poll(self, jobs):
+        if self.forget:
+            return {}
+        return {j.id: [FileStatus(p, self.answer, self.error_class, "drive error" if self.error_class else "")
+                       for p in j.paths] for j in jobs}
+
+
+def states(user):
+    return sorted(RestoreRequest.objects.filter(user=user).values_list("state", flat=True))
+
+
+def test_a_cycle_locates_batches_by_tape_and_restores(alice, now):
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 2})
+    restore_submit(user=alice, now=now, paths=["/run1/a", "/run1/b", "/run1/c", "/run2/d"])
+    stager = ScriptedStager()
+    report = run_cycle(now=now, stager=stager)
+    assert report.located == 4 and report.submitted == 4
+    # Files of one tape travel together, at most N=2 per job, in position order.
+    for job in stager.submitted:
+        tapes = set(RestoreRequest.objects.filter(path__in=job.paths).values_list("tape__label", flat=True))
+        assert len(tapes) == 1 and len(job.paths) <= 2
+        positions = [RestoreRequest.objects.get(path=p).position for p in job.paths]
+        assert positions == sorted(positions)
+    assert Tape.objects.count() == 2
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert states(alice) == ["done"] * 4
+    assert set(Job.objects.values_list("state", flat=True)) == {"done"}
+
+
+def test_in_flight_is_bounded_by_n_times_k(alice, now):
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 2, "jobs_in_flight": 2})
+    restore_submit(user=alice, now=now, paths=[f"/d/{i}" for i in range(10)])
+    stager = ScriptedStager()
+    stager.answer = "staging"
+    run_cycle(now=now, stager=stager)
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert RestoreRequest.objects.filter(state__in=["submitted", "staging"]).count() == 4
+
+
+def test_transient_failures_wait_for_the_retry_cycle_then_fail(alice, now):
+    Control.objects.update_or_create(id=1, defaults={"retry_cycle_s": 600, "max_attempts": 2})
+    restore_submit(user=alice, now=now, paths=["/t/a"])
+    stager = ScriptedStager()
+    stager.answer, stager.error_class = "failed", "transient"
+    run_cycle(now=now, stager=stager)
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    req = RestoreRequest.objects.get()
+    assert req.state == "retry" and req.retry_at == now + timedelta(seconds=610)
+    # Not before its time: no storm of resubmissions.
+    run_cycle(now=now + timedelta(seconds=20), stager=stager)
+    assert len(stager.submitted) == 1
+    run_cycle(now=now + timedelta(seconds=611), stager=stager)
+    assert len(stager.submitted) == 2
+    run_cycle(now=now + timedelta(seconds=620), stager=stager)
+    req.refresh_from_db()
+    assert req.state == "failed" and req.attempts == 2 and "gave up after 2 attempts" in req.last_error
+
+
+def test_a_permanent_failure_fails_at_once(alice, now):
+    restore_submit(user=alice, now=now, paths=["/p/a"])
+    stager = ScriptedStager()
+    stager.answer, stager.error_class = "failed", "permanent"
+    run_cycle(now=now, stager=stager)
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    req = RestoreRequest.objects.get()
+    assert req.state == "failed" and req.error_class == "permanent" and req.attempts == 1
+
+
+def test_a_file_the_stager_cannot_find_fails_at_locate(alice, now):
+    restore_submit(user=alice, now=now, paths=["/gone", "/here"])
+    stager = ScriptedStager()
+    stager.missing = {"/gone"}
+    run_cycle(now=now, stager=stager)
+    gone = RestoreRequest.objects.get(path="/gone")
+    assert gone.state == "failed" and gone.last_error == "no such file in the HSM"
+    assert RestoreRequest.objects.get(path="/here").state == "submitted"
+
+
+def test_requests_past_their_deadline_expire(alice, now):
+    restore_submit(user=alice, now=now, paths=["/e/a"], deadline=now + timedelta(minutes=5))
+    stager = ScriptedStager()
+    stager.answer = "staging"
+    run_cycle(now=now, stager=stager)
+    run_cycle(now=now + timedelta(minutes=6), stager=stager)
+    req = RestoreRequest.objects.get()
+    assert req.state == "expired" and req.finished_at == now + timedelta(minutes=6)
+
+
+def test_a_job_the_stager_forgot_goes_back_to_the_queue(alice, now):
+    restore_submit(user=alice, now=now, paths=["/f/a"])
+    stager = ScriptedStager()
+    run_cycle(now=now, stager=stager)
+    stager.forget = True
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    # Requeued, then sent again in the same cycle's submission step.
+    assert len(stager.submitted) == 2
+    assert RestoreRequest.objects.get().state == "submitted"
+
+
+def test_a_paused_broker_submits_nothing(alice, now):
+    Control.objects.update_or_create(id=1, defaults={"paused": True})
+    restore_submit(user=alice, now=now, paths=["/q/a"])
+    stager = ScriptedStager()
+    run_cycle(now=now, stager=stager)
+    assert stager.submitted == [] and RestoreRequest.objects.get().state == "queued"
+
+
+def test_a_second_concurrent_cycle_skips(transactional_db, now):
+    taken = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with db.try_lock("carousel-cycle") as got:
+            assert got
+            taken.set()
+            release.wait(10)
+        connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert taken.wait(10)
+        assert run_cycle(now=now, stager=ScriptedStager()).skipped
+    finally:
+        release.set()
+        thread.join()
+    assert not run_cycle(now=now, stager=ScriptedStager()).skipped
