@@ -1,4 +1,5 @@
 # The two commands of the README: `make run` and `make test`. Everything else is a helper.
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -22,9 +23,11 @@ run: venv
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py demo
 	@echo "Carousel at http://$(ADDR)/  (admin: http://$(ADDR)/admin/, API: http://$(ADDR)/api/docs/)"
+	@# Worker (with beat inside) and web server together; when either stops, both stop.
 	@trap 'kill 0' EXIT INT TERM; \
 	$(PY) -m celery -A carousel worker -B --pool=solo --loglevel=WARNING & \
-	$(PY) manage.py runserver --noreload $(ADDR)
+	$(PY) manage.py runserver --noreload $(ADDR) & \
+	wait -n
 
 # Debian packages the tests need, installed when missing (this machine's kind: Debian 12, root).
 services:

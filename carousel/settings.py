@@ -126,11 +126,11 @@ if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
 else:
     _queue_dir = VAR_DIR / "celery-queue"
+    _queue_dir.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
-        "processed_folder": str(VAR_DIR / "celery-processed"),
         "store_processed": False,
     }
 CELERY_TASK_IGNORE_RESULT = True
