@@ -1,3 +1,5 @@
+from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
@@ -36,9 +38,35 @@ class CarouselGroupAdmin(GroupAdmin):
     inlines = [GroupShareInline]
 
 
+class ControlForm(forms.ModelForm):
+    """Policy names offered from the registries in settings, so a site's own policy appears
+    here once it is named there."""
+
+    class Meta:
+        model = Control
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for field, registry in (("sort_policy", "CAROUSEL_SORT_POLICIES"), ("share_policy", "CAROUSEL_SHARE_POLICIES")):
+            names = sorted(getattr(settings, registry))
+            self.fields[field] = forms.ChoiceField(choices=[(n, n) for n in names],
+                                                   help_text=self.fields[field].help_text)
+
+
 @admin.register(Control)
 class ControlAdmin(admin.ModelAdmin):
+    form = ControlForm
     readonly_fields = ["last_cycle_at", "last_cycle_error"]
+    fieldsets = [
+        ("Policies", {"fields": ["sort_policy", "share_policy", "policy_params", "max_wait_s"]}),
+        ("Worth mounting", {"fields": ["mount_min_files", "mount_min_bytes", "mount_max_wait_s"]}),
+        ("Batches", {"fields": ["files_per_job", "jobs_in_flight", "cycle_s", "locate_batch", "paused"]}),
+        ("Default caps", {"fields": ["default_user_cap", "default_group_cap", "default_queued_ceiling"]}),
+        ("Retries", {"fields": ["retry_cycle_s", "max_attempts"]}),
+        ("Last cycle", {"fields": ["last_cycle_at", "last_cycle_error"]}),
+    ]
+    list_display = ["__str__", "sort_policy", "share_policy", "paused", "last_cycle_at", "last_cycle_error"]
 
     def has_add_permission(self, request):
         return not Control.objects.exists()

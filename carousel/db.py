@@ -65,3 +65,29 @@ def try_lock(name):
             yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def lateral(inner_sql, keys):
+    """Run `inner_sql` once per key tuple and return all rows. The SQL names the key's parts
+    {a}, {b}, ... and may use {n} for the last part (a LIMIT). PostgreSQL runs it as one
+    query, a LATERAL join over the unnested keys, so each key costs one index probe and no
+    round trip; SQLite runs it once per key."""
+    keys = list(keys)
+    if not keys:
+        return []
+    width = len(keys[0])
+    names = "abcdefgh"[:width - 1] + "n"
+    with connection.cursor() as cursor:
+        if is_postgres():
+            placeholders = {name: f"k.{name}" for name in names}
+            arrays = ", ".join("%s::bigint[]" for _ in names)
+            sql = (f"SELECT x.* FROM unnest({arrays}) AS k({', '.join(names)}) "
+                   f"CROSS JOIN LATERAL ({inner_sql.format(**placeholders)}) AS x")
+            cursor.execute(sql, [list(col) for col in zip(*keys)])
+            return cursor.fetchall()
+        rows = []
+        sql = inner_sql.format(**{name: f"%({name})s" for name in names})
+        for key in keys:
+            cursor.execute(sql, dict(zip(names, key)))
+            rows.extend(cursor.fetchall())
+        return rows

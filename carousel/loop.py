@@ -8,11 +8,15 @@ from itertools import groupby
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Subquery
 
+from policies.selection import select, share_policy, sort_policy
+from policies.sorting import in_read_order
+
 from . import db, plugins
 from .models import (
     ACTIVE_STATES, IN_FLIGHT_STATES, Control, ErrorClass, FileLocation, Job, JobState, RequestState,
     RestoreRequest, Tape, path_key,
 )
+from .plugins import PluginError
 from .services import request_cancel, request_transition
 from .stagers.base import JobSpec
 
@@ -46,11 +50,20 @@ def run_cycle(*, now, stager=None):
         report.requeued = requeue_due_retries(now=now)
         collect_progress(now=now, stager=stager, control=control, report=report)
         report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch)
+        try:
+            sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)
+        except PluginError as exc:
+            # An operator's policy name that no longer resolves: submit nothing, say why.
+            report.error = f"scheduling stopped: {exc}"
+            log.error(report.error)
+        else:
+            if not control.paused:
+                jobs = claim_jobs(now=now, control=control, sort=sort, share=share)
+                report.submitted = sum(len(j.paths) for j in jobs)
+                report.jobs_sent = [j.id for j in jobs]
+        # Jobs committed by this or an interrupted earlier cycle go out now.
         if not control.paused:
-            jobs = claim_jobs(now=now, control=control)
-            report.submitted = sum(len(j.paths) for j in jobs)
             send_jobs(now=now, stager=stager)
-            report.jobs_sent = [j.id for j in jobs]
         Control.objects.filter(id=control.id).update(last_cycle_at=now, last_cycle_error=report.error)
         return report
 
@@ -177,41 +190,44 @@ def _record_locations(found, *, now):
         batch_size=2000)
 
 
-def claim_jobs(*, now, control):
-    """Choose this cycle's requests, group them into jobs of at most N files per tape, and
-    commit jobs and claims together. Two cycles can never claim the same request.
-    (The policy engine replaces the plain priority-then-age order used here.)"""
+def claim_jobs(*, now, control, sort, share):
+    """Choose this cycle's requests with the active policies, claim them, group them into
+    jobs of at most N files per tape in read order, and commit jobs and claims together.
+    Claiming locks with SKIP LOCKED and re-checks the state, so two cycles can never send the
+    same request."""
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
     slots = control.files_per_job * control.jobs_in_flight - in_flight
-    if slots <= 0:
+    selection = select(now=now, control=control, sort=sort, share=share, slots=slots)
+    if not selection.chosen:
         return []
     staged_elsewhere = RestoreRequest.objects.filter(path_key=OuterRef("path_key"), state__in=IN_FLIGHT_STATES)
     with transaction.atomic():
-        chosen = list(
-            RestoreRequest.objects.filter(state=S.QUEUED, tape__isnull=False, tape__quarantined_at__isnull=True)
+        claimed = dict(
+            (i, (path, key)) for i, path, key in
+            RestoreRequest.objects.filter(id__in=[c.id for c in selection.chosen], state=S.QUEUED)
             .exclude(Exists(staged_elsewhere))
-            .order_by("-priority", "created_at", "id")
             .select_for_update(skip_locked=True, of=("self",))
-            .values_list("id", "tape_id", "position", "path", "path_key")[:slots]
+            .values_list("id", "path", "path_key")
         )
-        return _make_jobs(chosen, now=now, files_per_job=control.files_per_job)
+        chosen = [c for c in selection.chosen if c.id in claimed]
+        return _make_jobs(chosen, claimed, selection.tapes, now=now, files_per_job=control.files_per_job)
 
 
-def _make_jobs(chosen, *, now, files_per_job):
-    """chosen: (id, tape_id, position, path, path_key) rows. Files of one tape go together,
-    in position order; one job holds at most files_per_job distinct files."""
+def _make_jobs(chosen, claimed, tapes, *, now, files_per_job):
+    """Tapes in the order the policies chose them; each tape's files in read order, at most
+    files_per_job distinct files per job."""
+    by_tape = {}
+    for c in chosen:
+        by_tape.setdefault(c.tape, []).append(c)
     specs = []
-    chosen.sort(key=lambda r: (r[1], r[2] if r[2] is not None else -1, r[0]))
-    for tape_id, rows in groupby(chosen, key=lambda r: r[1]):
-        rows = list(rows)
-        files = list(dict.fromkeys((r[3], r[4]) for r in rows))
+    for tape_id, candidates in by_tape.items():
+        files = list(dict.fromkeys(claimed[c.id] for c in in_read_order(candidates, tapes)))
         for start in range(0, len(files), files_per_job):
             part = files[start:start + files_per_job]
             job = Job.objects.create(tape_id=tape_id, files=len(part), created_at=now)
-            keys = [k for _, k in part]
             # Other users' queued requests for the same files ride along in the same stage.
-            request_transition(RestoreRequest.objects.filter(path_key__in=keys, state=S.QUEUED), S.SUBMITTED,
-                               now=now, job=job)
+            request_transition(RestoreRequest.objects.filter(path_key__in=[k for _, k in part], state=S.QUEUED),
+                               S.SUBMITTED, now=now, job=job)
             specs.append(JobSpec(id=str(job.id), paths=[p for p, _ in part]))
     return specs
 

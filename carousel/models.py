@@ -46,6 +46,10 @@ ALLOWED_FROM = {
 }
 
 
+# Queued and located: what the scheduler may choose from.
+READY = Q(state=S.QUEUED, tape__isnull=False)
+
+
 class ErrorClass(models.TextChoices):
     NONE = "", "none"
     TRANSIENT = "transient"  # stager unreachable, timeout, drive error: retried on the cycle
@@ -67,6 +71,14 @@ class Control(models.Model):
     default_user_cap = models.PositiveIntegerField("default requests in flight per user", default=500)
     default_group_cap = models.PositiveIntegerField("default requests in flight per group", default=5000)
     default_queued_ceiling = models.PositiveIntegerField("default queued requests per user", default=500_000)
+    max_wait_s = models.FloatField("maximum wait (s)", default=4 * 3600.0,
+                                   help_text="A request queued this long goes first, whatever its tape or policy.")
+    mount_min_files = models.PositiveIntegerField("worth mounting: files (M)", default=1,
+                                                  help_text="A tape goes out once it has this many files queued ...")
+    mount_min_bytes = models.BigIntegerField("worth mounting: bytes (B)", default=0,
+                                             help_text="... or this many bytes ...")
+    mount_max_wait_s = models.FloatField("worth mounting: wait (T, s)", default=0.0,
+                                         help_text="... or its oldest request has waited this long.")
     retry_cycle_s = models.FloatField("retry cycle (s)", default=600.0,
                                       help_text="Transient failures wait this long, then retry together.")
     max_attempts = models.PositiveSmallIntegerField("attempts before failing", default=5)
@@ -127,6 +139,30 @@ class Tape(models.Model):
 
     def __str__(self):
         return self.label
+
+
+class UserBacklog(models.Model):
+    """How many located requests a user has queued: kept by a database trigger, so the
+    scheduler reads who has work without counting a million rows."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE,
+                                related_name="backlog")
+    files = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+
+
+class TapeBacklog(models.Model):
+    """Located queued requests per (user, tape), kept by the same trigger."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, db_index=False)
+    tape = models.ForeignKey(Tape, on_delete=models.CASCADE, related_name="backlog")
+    files = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tape"], name="tapebacklog_user_tape")]
+        indexes = [models.Index("user", models.F("files").desc(), name="tapebacklog_user_files",
+                                condition=Q(files__gt=0))]
 
 
 class FileLocation(models.Model):
@@ -248,6 +284,13 @@ class RestoreRequest(models.Model):
             models.Index(fields=["retry_at"], name="request_retry_due", condition=Q(state=S.RETRY)),
             models.Index(fields=["created_at"], name="request_unlocated",
                          condition=Q(state=S.QUEUED, tape__isnull=True)),
+            # The scheduler's reads, each bounded by what it takes (policies/selection.py).
+            models.Index(fields=["user"], name="request_in_flight", condition=Q(state__in=IN_FLIGHT_STATES)),
+            models.Index(fields=["user", "created_at", "id"], name="request_ready_user_age", condition=READY),
+            models.Index(fields=["user", "tape", "position"], name="request_ready_user_tape", condition=READY),
+            models.Index(fields=["tape", "created_at"], name="request_ready_tape_age", condition=READY),
+            models.Index(fields=["user", "-priority", "created_at"], name="request_ready_user_priority",
+                         condition=READY & Q(priority__gt=0)),
         ]
 
     def __str__(self):

@@ -144,6 +144,16 @@ CAROUSEL_STAGERS = {
     "immediate": "carousel.stagers.immediate.ImmediateStager",
 }
 CAROUSEL_STAGER = os.environ.get("CAROUSEL_STAGER", "immediate")
+CAROUSEL_SORT_POLICIES = {
+    "NONE": "policies.sorting.Fifo",
+    "TAPEID": "policies.sorting.TapeId",
+    "SLIDER": "policies.sorting.Slider",
+}
+CAROUSEL_SHARE_POLICIES = {
+    "EQUAL": "policies.sharing.Equal",
+    "GROUP": "policies.sharing.Group",
+    "GRPW": "policies.sharing.GroupWeighted",
+}
 CAROUSEL_STAGER_OPTIONS = {}
 
 # Limits of one submission.

@@ -1,6 +1,39 @@
 """A site's own plugins, living outside the core, named in settings by the tests."""
+from carousel.stagers.base import FileStatus, Location
 from carousel.stagers.immediate import ImmediateStager
+from policies.sorting import SortPolicy
 
 
 class SiteStager(ImmediateStager):
     pass
+
+
+class Newest(SortPolicy):
+    """A site's policy: the newest request first (LIFO)."""
+
+    name = "NEWEST"
+    pools = SortPolicy.pools | {"newest"}
+
+    def rank(self, candidates, tapes, params):
+        return sorted(candidates, key=lambda c: (c.age_s, -c.id))
+
+
+class MapStager(ImmediateStager):
+    """Locates from a table the test writes: path -> (tape, position); files stay in flight
+    (polls answer "staging") so what each cycle sends can be watched."""
+
+    def __init__(self, where=None, media="LTO-7"):
+        super().__init__()
+        self.where = where or {}
+        self.media = media
+        self.sent = []
+
+    def locate(self, paths):
+        return [Location(p, *self.where.get(p, ("T-other", 0)), size=10**9, media=self.media) for p in paths]
+
+    def submit(self, job):
+        self.sent.append(job)
+        return super().submit(job)
+
+    def poll(self, jobs):
+        return {j.id: [FileStatus(p, "staging") for p in j.paths] for j in jobs}

@@ -1,0 +1,147 @@
+"""Sorting policies: which of a user's ready requests go first. Pure: plain data in, an order
+out. The selection step (policies/selection.py) gathers a bounded pool of candidates per user
+from the database and calls choose() with it."""
+from dataclasses import dataclass, field
+from itertools import groupby
+
+from .order import read_order
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: int
+    user: int
+    tape: int
+    position: int
+    size: int
+    priority: int
+    age_s: float  # how long it has been queued
+
+
+@dataclass(frozen=True)
+class TapeInfo:
+    id: int
+    media: str | None
+    files: int  # ready requests on the tape, all users
+    bytes: int
+    oldest_age_s: float
+    user_files: dict = field(default_factory=dict)  # user id -> that user's ready requests on it
+
+
+@dataclass(frozen=True)
+class Params:
+    max_wait_s: float
+    mount_min_files: int = 1
+    mount_min_bytes: int = 0
+    mount_max_wait_s: float = 0.0
+    extra: dict = field(default_factory=dict)  # the control row's policy_params
+
+
+def worth_mounting(tape, params):
+    """A tape goes out once enough is queued on it, or its oldest request waited long enough,
+    so the broker does not mount a cartridge for one file while more are coming."""
+    return (tape.files >= params.mount_min_files
+            or (params.mount_min_bytes > 0 and tape.bytes >= params.mount_min_bytes)
+            or tape.oldest_age_s >= params.mount_max_wait_s)
+
+
+def in_read_order(candidates, tapes):
+    """Candidates of one tape in the fastest read order (the same for every policy)."""
+    if not candidates:
+        return []
+    tape = tapes[candidates[0].tape]
+    by_id = {c.id: c for c in candidates}
+    return [by_id[i] for i in read_order(tape.media, [(c.id, c.position, c.size) for c in candidates])]
+
+
+def by_tape_in_read_order(candidates, tapes):
+    """{tape id: that tape's candidates in read order}."""
+    ordered = sorted(candidates, key=lambda c: c.tape)
+    return {t: in_read_order(list(cs), tapes) for t, cs in groupby(ordered, key=lambda c: c.tape)}
+
+
+class SortPolicy:
+    """Base of sorting policies. A policy ranks one user's candidates; choose() applies the
+    rules every policy shares."""
+
+    name = ""
+    # Which candidate pools the selection step gathers for this policy (policies/selection.py),
+    # each bounded by the user's allotment: "oldest" and "priority" always (the shared rules
+    # need them); "newest"; "top_tapes" (the user's tapes with most files) and "oldest_tapes"
+    # (the tapes of their oldest requests) add the user's requests on those tapes.
+    pools = frozenset({"oldest", "priority"})
+
+    def rank(self, candidates, tapes, params):
+        """Return the candidates (one user's, all ready) in the order they should go."""
+        raise NotImplementedError
+
+    def choose(self, candidates, tapes, allotment, params):
+        """Up to `allotment` of one user's candidates, in sending order:
+        1. requests that waited max_wait_s go first, oldest first, whatever their tape;
+        2. then higher priority first, and within a priority the policy's rank;
+        tapes not yet worth mounting are held back, except for requests of rule 1."""
+        if allotment <= 0:
+            return []
+        overdue = sorted((c for c in candidates if c.age_s >= params.max_wait_s), key=lambda c: (-c.age_s, c.id))
+        chosen = overdue[:allotment]
+        if len(chosen) == allotment:
+            return chosen
+        taken = {c.id for c in chosen}
+        rest = [c for c in candidates if c.id not in taken and worth_mounting(tapes[c.tape], params)]
+        ranked = self.rank(rest, tapes, params)
+        ranked.sort(key=lambda c: -c.priority)  # stable: the policy's rank holds within a priority
+        return chosen + ranked[:allotment - len(chosen)]
+
+
+class Fifo(SortPolicy):
+    """NONE: by entry time."""
+
+    name = "NONE"
+
+    def rank(self, candidates, tapes, params):
+        return sorted(candidates, key=lambda c: (-c.age_s, c.id))
+
+
+class TapeId(SortPolicy):
+    """TAPEID: strictly by tape, the tape with the most of this user's pending files first
+    (ties: more pending files of all users, then tape id); within a tape, read order."""
+
+    name = "TAPEID"
+    pools = SortPolicy.pools | {"top_tapes"}
+
+    def rank(self, candidates, tapes, params):
+        groups = by_tape_in_read_order(candidates, tapes)
+        user = candidates[0].user if candidates else None
+
+        def demand(tape_id):
+            tape = tapes[tape_id]
+            return (-tape.user_files.get(user, 0), -tape.files, tape_id)
+
+        return [c for tape_id in sorted(groups, key=demand) for c in groups[tape_id]]
+
+
+class Slider(SortPolicy):
+    """SLIDER: the oldest entry first, and the user's other requests on its tape come along.
+    Tapes are scored by age_weight * age of the user's oldest request on it (over the oldest
+    of all) plus (1 - age_weight) * the user's files on it (over the most on any tape):
+    age_weight 1 is oldest-first, 0 is most-files-first. Parameter: policy_params
+    {"slider_age_weight": 0.0 .. 1.0}, default 0.5."""
+
+    name = "SLIDER"
+    pools = SortPolicy.pools | {"oldest_tapes"}
+
+    def rank(self, candidates, tapes, params):
+        weight = float(params.extra.get("slider_age_weight", 0.5))
+        groups = by_tape_in_read_order(candidates, tapes)
+        if not groups:
+            return []
+        user = candidates[0].user
+        files = {t: max(tapes[t].user_files.get(user, 0), len(cs)) for t, cs in groups.items()}
+        most = max(files.values())
+        oldest = {t: max(c.age_s for c in cs) for t, cs in groups.items()}
+        eldest = max(max(oldest.values()), 1e-9)
+
+        def score(t):
+            return weight * oldest[t] / eldest + (1 - weight) * files[t] / most
+
+        return [c for t in sorted(groups, key=lambda t: (-score(t), t)) for c in groups[t]]

@@ -1,0 +1,206 @@
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+
+from carousel.loop import claim_jobs, run_cycle
+from carousel.models import Control, RestoreRequest, TapeBacklog, UserBacklog
+from carousel.services import restore_submit
+from policies.selection import share_policy, sort_policy
+from tests.site_plugins import MapStager
+
+SORTS = ["NONE", "TAPEID", "SLIDER"]
+SHARES = ["EQUAL", "GROUP", "GRPW"]
+GB = 10**9
+
+
+def control(**fields):
+    defaults = {"files_per_job": 5, "jobs_in_flight": 1, "mount_min_files": 1, "max_wait_s": 3600}
+    Control.objects.update_or_create(id=1, defaults={**defaults, **fields})
+    return Control.get()
+
+
+def sent_paths(stager):
+    return [p for job in stager.sent for p in job.paths]
+
+
+def submit_at(user, when, paths, **kw):
+    restore_submit(user=user, now=when, paths=paths, **kw)
+
+
+@pytest.mark.parametrize("sort", SORTS)
+@pytest.mark.parametrize("share", SHARES)
+def test_every_policy_pair_runs_a_cycle(alice, charlie, now, sort, share):
+    control(sort_policy=sort, share_policy=share, files_per_job=3, jobs_in_flight=2)
+    submit_at(alice, now, [f"/a/{i}" for i in range(10)])
+    submit_at(charlie, now, [f"/c/{i}" for i in range(10)])
+    stager = MapStager({f"/{u}/{i}": (f"T{u}{i % 2}", i * GB) for u in "ac" for i in range(10)})
+    report = run_cycle(now=now, stager=stager)
+    assert report.error == "" and report.submitted == 6
+    assert RestoreRequest.objects.filter(state="submitted").count() == 6
+    # both users got a share of the 6 slots
+    users = set(RestoreRequest.objects.filter(state="submitted").values_list("user__username", flat=True))
+    assert users == {"alice", "charlie"}
+
+
+def test_none_is_first_in_first_out(alice, now):
+    control(sort_policy="NONE", files_per_job=1, jobs_in_flight=2)
+    for i in range(4):
+        submit_at(alice, now + timedelta(seconds=i), [f"/f/{i}"])
+    stager = MapStager({f"/f/{i}": (f"T{i}", 0) for i in range(4)})
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert sorted(sent_paths(stager)) == ["/f/0", "/f/1"]
+
+
+def test_tapeid_sends_the_tape_with_most_demand_first_in_read_order(alice, now):
+    control(sort_policy="TAPEID", files_per_job=3, jobs_in_flight=1)
+    submit_at(alice, now, ["/x/old"])  # oldest, alone on its tape
+    paths = [f"/y/{i}" for i in range(3)]
+    submit_at(alice, now + timedelta(seconds=5), paths)
+    where = {"/x/old": ("TX", 0)}
+    where.update({p: ("TY", (3 - i) * GB) for i, p in enumerate(paths)})
+    stager = MapStager(where)
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert [job.paths for job in stager.sent] == [["/y/2", "/y/1", "/y/0"]]  # by position on TY
+
+
+def test_slider_takes_the_oldest_and_its_tape_comes_along(alice, now):
+    control(sort_policy="SLIDER", files_per_job=3, jobs_in_flight=1, policy_params={"slider_age_weight": 0.9})
+    submit_at(alice, now, ["/old/a"])
+    submit_at(alice, now + timedelta(seconds=100), ["/new/1", "/new/2", "/new/3", "/old/b"])
+    stager = MapStager({"/old/a": ("TO", 0), "/old/b": ("TO", GB), "/new/1": ("TN", 0), "/new/2": ("TN", GB),
+                        "/new/3": ("TN", 2 * GB)})
+    run_cycle(now=now + timedelta(seconds=200), stager=stager)
+    assert sent_paths(stager)[:2] == ["/old/a", "/old/b"]
+
+
+@pytest.mark.parametrize("sort", SORTS)
+def test_a_lone_old_request_is_not_left_behind(alice, now, sort):
+    # A busy tape keeps winning on demand; the lone file's tape is not worth mounting (M=5).
+    control(sort_policy=sort, files_per_job=2, jobs_in_flight=1, mount_min_files=5, mount_max_wait_s=7200,
+            max_wait_s=3600)
+    submit_at(alice, now, ["/lone"])
+    busy = [f"/busy/{i}" for i in range(50)]
+    submit_at(alice, now + timedelta(seconds=1), busy)
+    stager = MapStager({"/lone": ("TLONE", 0), **{p: ("TBUSY", i * GB) for i, p in enumerate(busy)}})
+    run_cycle(now=now + timedelta(minutes=30), stager=stager)
+    assert "/lone" not in sent_paths(stager)
+    RestoreRequest.objects.filter(state="submitted").update(state="done", finished_at=now, job=None)
+    run_cycle(now=now + timedelta(seconds=3600), stager=stager)  # the lone file reached max wait
+    assert "/lone" in sent_paths(stager)
+
+
+def test_higher_priority_goes_first_within_a_users_queue(alice, now):
+    control(sort_policy="TAPEID", files_per_job=1, jobs_in_flight=1)
+    submit_at(alice, now, [f"/p/{i}" for i in range(5)])
+    submit_at(alice, now + timedelta(seconds=1), ["/urgent"], priority=3)
+    stager = MapStager({"/urgent": ("TU", 0), **{f"/p/{i}": ("TP", i * GB) for i in range(5)}})
+    run_cycle(now=now + timedelta(seconds=2), stager=stager)
+    assert sent_paths(stager) == ["/urgent"]
+
+
+def test_a_tape_waits_until_it_is_worth_mounting(alice, now):
+    control(mount_min_files=3, mount_max_wait_s=600, max_wait_s=7200)
+    submit_at(alice, now, ["/w/1", "/w/2"])
+    stager = MapStager({"/w/1": ("TW", 0), "/w/2": ("TW", GB), "/w/3": ("TW", 2 * GB), "/v/1": ("TV", 0)})
+    run_cycle(now=now, stager=stager)
+    assert stager.sent == []  # two files: not yet
+    submit_at(alice, now, ["/w/3", "/v/1"])
+    run_cycle(now=now + timedelta(seconds=1), stager=stager)
+    assert sorted(sent_paths(stager)) == ["/w/1", "/w/2", "/w/3"]  # three files: worth it; TV waits
+    run_cycle(now=now + timedelta(seconds=601), stager=stager)
+    assert "/v/1" in sent_paths(stager)  # its oldest request waited T
+
+
+@pytest.mark.parametrize("share", SHARES)
+def test_caps_are_never_exceeded(alice, bob, charlie, now, share):
+    control(share_policy=share, files_per_job=10, jobs_in_flight=10, default_group_cap=7)
+    alice.account.inflight_cap = 3
+    alice.account.save()
+    for user in (alice, bob, charlie):
+        submit_at(user, now, [f"/{user.username}/{i}" for i in range(30)])
+    stager = MapStager()
+    for k in range(3):
+        run_cycle(now=now + timedelta(seconds=k), stager=stager)
+        flying = RestoreRequest.objects.filter(state__in=["submitted", "staging"])
+        assert flying.filter(user=alice).count() <= 3
+        assert flying.filter(group__name="analysis").count() <= 7
+        assert flying.filter(group__name="production").count() <= 7
+    assert RestoreRequest.objects.filter(state__in=["submitted", "staging"], user=alice).count() == 3
+
+
+def test_equal_shares_split_slots_evenly(alice, charlie, now):
+    control(share_policy="EQUAL", files_per_job=5, jobs_in_flight=2)
+    submit_at(alice, now, [f"/a/{i}" for i in range(50)])
+    submit_at(charlie, now, [f"/c/{i}" for i in range(50)])
+    run_cycle(now=now, stager=MapStager())
+    flying = RestoreRequest.objects.filter(state="submitted")
+    assert flying.filter(user=alice).count() == 5 and flying.filter(user=charlie).count() == 5
+
+
+def test_grpw_follows_group_weights(alice, charlie, now):
+    from carousel.models import GroupShare
+
+    GroupShare.objects.filter(group__name="production").update(weight=3)
+    control(share_policy="GRPW", files_per_job=4, jobs_in_flight=2)
+    submit_at(alice, now, [f"/a/{i}" for i in range(50)])
+    submit_at(charlie, now, [f"/c/{i}" for i in range(50)])
+    run_cycle(now=now, stager=MapStager())
+    flying = RestoreRequest.objects.filter(state="submitted")
+    assert flying.filter(user=charlie).count() == 6 and flying.filter(user=alice).count() == 2
+
+
+def test_a_site_policy_named_in_settings_is_picked_up(alice, now, settings):
+    settings.CAROUSEL_SORT_POLICIES = {**settings.CAROUSEL_SORT_POLICIES, "NEWEST": "tests.site_plugins.Newest"}
+    control(sort_policy="NEWEST", files_per_job=1, jobs_in_flight=1)
+    for i in range(3):
+        submit_at(alice, now + timedelta(seconds=i), [f"/n/{i}"])
+    stager = MapStager()
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert sent_paths(stager) == ["/n/2"]
+
+
+def test_a_policy_name_that_no_longer_resolves_stops_scheduling_cleanly(alice, now):
+    control(sort_policy="GONE")
+    submit_at(alice, now, ["/a"])
+    stager = MapStager()
+    report = run_cycle(now=now, stager=stager)
+    assert stager.sent == [] and "'GONE' is not in CAROUSEL_SORT_POLICIES" in report.error
+    assert "scheduling stopped" in Control.get().last_cycle_error
+
+
+def test_backlog_counters_match_a_recount(alice, bob, now):
+    control(files_per_job=3, jobs_in_flight=1)
+    submit_at(alice, now, [f"/a/{i}" for i in range(10)])
+    submit_at(bob, now, [f"/b/{i}" for i in range(4)])
+    stager = MapStager({f"/{u}/{i}": (f"T{i % 3}", i * GB) for u in "ab" for i in range(10)})
+    run_cycle(now=now, stager=stager)
+    RestoreRequest.objects.filter(path="/a/9").update(state="cancelled", finished_at=now)
+    RestoreRequest.objects.filter(path="/b/3").delete()
+    for user in (alice, bob):
+        ready = RestoreRequest.objects.filter(user=user, state="queued", tape__isnull=False)
+        assert UserBacklog.objects.get(user=user).files == ready.count()
+        for tb in TapeBacklog.objects.filter(user=user):
+            assert tb.files == ready.filter(tape=tb.tape).count()
+
+
+def test_two_concurrent_claims_never_send_the_same_request(transactional_db, alice, now):
+    control(files_per_job=50, jobs_in_flight=4)
+    submit_at(alice, now, [f"/c/{i}" for i in range(400)])
+    run_cycle(now=now, stager=MapStager())  # locates and sends the first 200
+    RestoreRequest.objects.filter(state="submitted").update(state="done", finished_at=now)
+    ctl = Control.get()
+    results, barrier = [], threading.Barrier(2)
+
+    def claim():
+        barrier.wait()
+        results.append(claim_jobs(now=now, control=ctl, sort=sort_policy("TAPEID"), share=share_policy("EQUAL")))
+        connections.close_all()
+
+    threads = [threading.Thread(target=claim) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    paths = [p for jobs in results for job in jobs for p in job.paths]
+    assert len(paths) == len(set(paths)) and len(paths) > 0
+    assert RestoreRequest.objects.filter(state="submitted").count() == len(paths)
