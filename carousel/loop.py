@@ -6,7 +6,7 @@ from datetime import timedelta
 from itertools import groupby
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Subquery
+from django.db.models import Case, Exists, OuterRef, Subquery, UUIDField, Value, When
 
 from policies.selection import select, share_policy, sort_policy
 from policies.sorting import in_read_order
@@ -215,21 +215,24 @@ def claim_jobs(*, now, control, sort, share):
 
 def _make_jobs(chosen, claimed, tapes, *, now, files_per_job):
     """Tapes in the order the policies chose them; each tape's files in read order, at most
-    files_per_job distinct files per job."""
+    files_per_job distinct files per job. All jobs in one INSERT, all claims in one UPDATE."""
     by_tape = {}
     for c in chosen:
         by_tape.setdefault(c.tape, []).append(c)
-    specs = []
+    jobs, job_of_key = [], {}
     for tape_id, candidates in by_tape.items():
         files = list(dict.fromkeys(claimed[c.id] for c in in_read_order(candidates, tapes)))
         for start in range(0, len(files), files_per_job):
             part = files[start:start + files_per_job]
-            job = Job.objects.create(tape_id=tape_id, files=len(part), created_at=now)
-            # Other users' queued requests for the same files ride along in the same stage.
-            request_transition(RestoreRequest.objects.filter(path_key__in=[k for _, k in part], state=S.QUEUED),
-                               S.SUBMITTED, now=now, job=job)
-            specs.append(JobSpec(id=str(job.id), paths=[p for p, _ in part]))
-    return specs
+            job = Job(tape_id=tape_id, files=len(part), created_at=now)
+            jobs.append((job, part))
+            job_of_key.update((key, job.id) for _, key in part)
+    Job.objects.bulk_create([job for job, _ in jobs])
+    # Other users' queued requests for the same files ride along in the same stage.
+    request_transition(RestoreRequest.objects.filter(path_key__in=list(job_of_key), state=S.QUEUED), S.SUBMITTED,
+                       now=now, job_id=Case(*[When(path_key=k, then=Value(j)) for k, j in job_of_key.items()],
+                                            output_field=UUIDField()))
+    return [JobSpec(id=str(job.id), paths=[p for p, _ in part]) for job, part in jobs]
 
 
 def send_jobs(*, now, stager):

@@ -7,6 +7,7 @@ by each user's allotment. A cycle therefore costs about (users with work + slots
 probes, whatever the length of the queue."""
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import timezone as dt_timezone
 
 from django.db.models import Count, Min, Sum
 
@@ -147,9 +148,14 @@ def _demands(backlog, limits, taken, exhausted):
     return demands, groups
 
 
+def _aware(moment):
+    # Raw SQL on SQLite gives naive datetimes; Django stores them in UTC there.
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt_timezone.utc)
+
+
 def _candidates(rows, now):
     return [Candidate(id=r[0], user=r[1], tape=r[2], position=r[3] or 0, size=r[4] or 0, priority=r[5],
-                      age_s=(now - r[6]).total_seconds()) for r in rows]
+                      age_s=(now - _aware(r[6])).total_seconds()) for r in rows]
 
 
 def _gather(allotments, taken, sort, now, tapes):

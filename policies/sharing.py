@@ -166,7 +166,7 @@ class _Team:
 
 def _teams(demands, groups):
     members = {}
-    for d in demands:
+    for d in sorted(demands, key=lambda d: d.user):
         members.setdefault(d.group, []).append(d)
     teams = []
     for group in sorted(members, key=lambda g: (g is not None, g)):

@@ -295,9 +295,15 @@ def test_grpw_totals_are_the_weighted_level_rounded_down_or_up(cycle):
     users, limits, slots = cycle
     outcome = Outcome(users, limits, slots, GroupWeighted().allocate(users, limits, slots))
     level, weight = weighted_level(outcome)
+    rounded_up, rounded_down = [], []
     for g in outcome.members:
         exact = outcome.capacity(g) if level is None else min(outcome.capacity(g), level * weight[g])
         assert math.floor(exact) <= outcome.total[g] <= math.ceil(exact)
+        if outcome.total[g] != exact:
+            (rounded_up if outcome.total[g] > exact else rounded_down).append(exact - math.floor(exact))
+    # Largest remainder: no share rounded down had a larger fraction than one rounded up.
+    if rounded_up and rounded_down:
+        assert min(rounded_up) >= max(rounded_down)
 
 
 @given(cycle=cycles(), weight=st.floats(0.05, 20))

@@ -2,6 +2,11 @@
 from dataclasses import dataclass, field
 
 
+class StagerUnavailable(Exception):
+    """The backend could not be reached or did not answer in time (a whole call failed, not one
+    file). The loop treats it as no progress: it backs off and probes again later."""
+
+
 @dataclass(frozen=True)
 class Location:
     path: str
@@ -53,6 +58,12 @@ class Stager:
         """Withdraw these paths of one job from the backend."""
         raise NotImplementedError
 
+    def release(self, backend_id, paths):
+        """The broker no longer needs these staged copies on the backend's disk (pin over).
+        Backends without pins do nothing."""
+
     def status(self):
-        """What the backend knows of its drives and queues, as a dict ({} when nothing)."""
+        """What the backend knows of its drives, queues and disk buffer, as a dict ({} when
+        nothing). Known keys: "drives" (a list of dicts: "name", "tape", "activity"),
+        "queued_files", "disk_free_bytes", "disk_total_bytes"."""
         return {}

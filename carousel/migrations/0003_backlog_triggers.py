@@ -84,5 +84,5 @@ def backwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("carousel", "0003_scheduler_backlog")]
+    dependencies = [("carousel", "0002_transition_trigger")]
     operations = [migrations.RunPython(forwards, backwards)]
