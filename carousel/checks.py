@@ -8,7 +8,8 @@ from .plugins import PluginError, resolve
 def plugins_resolve(app_configs, **kwargs):
     """Every registered plugin name must import, so a typo fails at start, not mid-cycle."""
     errors = []
-    for registry in ("CAROUSEL_STAGERS", "CAROUSEL_SORT_POLICIES", "CAROUSEL_SHARE_POLICIES"):
+    for registry in ("CAROUSEL_STAGERS", "CAROUSEL_SORT_POLICIES", "CAROUSEL_SHARE_POLICIES",
+                     "CAROUSEL_DELIVERIES"):
         for name in getattr(settings, registry, {}):
             try:
                 resolve(registry, name)
@@ -17,4 +18,7 @@ def plugins_resolve(app_configs, **kwargs):
     if settings.CAROUSEL_STAGER not in settings.CAROUSEL_STAGERS:
         errors.append(Error(f"CAROUSEL_STAGER={settings.CAROUSEL_STAGER!r} is not in CAROUSEL_STAGERS",
                             id="carousel.E002"))
+    if settings.CAROUSEL_DELIVERY not in settings.CAROUSEL_DELIVERIES:
+        errors.append(Error(f"CAROUSEL_DELIVERY={settings.CAROUSEL_DELIVERY!r} is not in CAROUSEL_DELIVERIES",
+                            id="carousel.E003"))
     return errors

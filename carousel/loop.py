@@ -6,15 +6,16 @@ from datetime import timedelta
 from itertools import groupby
 
 from django.db import transaction
-from django.db.models import Case, Exists, OuterRef, Subquery, UUIDField, Value, When
+from django.db.models import Case, Count, Exists, F, Max, OuterRef, Subquery, Sum, UUIDField, Value, When
 
 from policies.selection import select, share_policy, sort_policy
 from policies.sorting import in_read_order
 
-from . import db, plugins
+from . import db, health as h, plugins
+from .delivery import DeliveryError
 from .models import (
     ACTIVE_STATES, IN_FLIGHT_STATES, Control, ErrorClass, FileLocation, Job, JobState, RequestState,
-    RestoreRequest, Tape, path_key,
+    RestoreRequest, StagerHealth, Tape, path_key,
 )
 from .plugins import PluginError
 from .services import request_cancel, request_transition
@@ -35,6 +36,9 @@ class CycleReport:
     retrying: int = 0
     submitted: int = 0
     jobs_sent: list = field(default_factory=list)
+    delivering: int = 0
+    health: str = h.HEALTHY
+    jobs_limit: int = 0
     error: str = ""
 
 
@@ -48,24 +52,73 @@ def run_cycle(*, now, stager=None):
         report = CycleReport()
         report.expired = expire_requests(now=now, stager=stager)
         report.requeued = requeue_due_retries(now=now)
-        collect_progress(now=now, stager=stager, control=control, report=report)
-        report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch)
-        try:
-            sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)
-        except PluginError as exc:
-            # An operator's policy name that no longer resolves: submit nothing, say why.
-            report.error = f"scheduling stopped: {exc}"
-            log.error(report.error)
-        else:
-            if not control.paused:
-                jobs = claim_jobs(now=now, control=control, sort=sort, share=share)
-                report.submitted = sum(len(j.paths) for j in jobs)
-                report.jobs_sent = [j.id for j in jobs]
-        # Jobs committed by this or an interrupted earlier cycle go out now.
-        if not control.paused:
-            send_jobs(now=now, stager=stager)
+        seen = collect_progress(now=now, stager=stager, control=control, report=report)
+        state = judge_stager(now=now, seen=seen, control=control)
+        if state.state == h.HEALTHY:
+            state = _work(now=now, stager=stager, control=control, state=state, report=report)
+        report.health, report.jobs_limit = state.state, state.limit
+        report.delivering = dispatch_deliveries(now=now, control=control)
         Control.objects.filter(id=control.id).update(last_cycle_at=now, last_cycle_error=report.error)
         return report
+
+
+def _work(*, now, stager, control, state, report):
+    """Locate, choose and send: only while the stager is healthy. A call that finds the
+    stager unreachable ends the cycle's work and marks it down; the next cycle probes."""
+    try:
+        report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch)
+        sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)
+    except PluginError as exc:
+        # An operator's policy name that no longer resolves: submit nothing, say why.
+        report.error = f"scheduling stopped: {exc}"
+        log.error(report.error)
+        return state
+    except Exception as exc:  # noqa: BLE001 - any failure of the backend is judged the same way
+        return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"locate: {exc}"), control=control)
+    if control.paused:
+        return state
+    full = disk_buffer_full(stager=stager, control=control)
+    if full:
+        report.error = full
+    else:
+        jobs = claim_jobs(now=now, control=control, sort=sort, share=share, jobs_limit=state.limit)
+        report.submitted = sum(len(j.paths) for j in jobs)
+        report.jobs_sent = [j.id for j in jobs]
+    # Jobs committed by this or an interrupted earlier cycle go out now.
+    error = send_jobs(now=now, stager=stager)
+    if error:
+        return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"submit: {error}"), control=control)
+    return state
+
+
+def judge_stager(*, now, seen, control):
+    """Record what this cycle saw of the stager and return the judgement (carousel/health.py)."""
+    row = StagerHealth.get()
+    before = h.Health(state=row.state, limit=row.jobs_limit or 0, healthy_limit=row.healthy_limit or 0,
+                      reason=row.reason)
+    after = h.judge(before, seen, ceiling=control.jobs_in_flight, failure_ratio=control.failure_ratio)
+    if after.state != before.state:
+        log.warning("stager %s -> %s: %s", before.state, after.state, after.reason or "progress returned")
+    StagerHealth.objects.filter(id=row.id).update(
+        state=after.state, reason=after.reason, jobs_limit=after.limit, healthy_limit=after.healthy_limit,
+        since=now if after.state != before.state else row.since or now, checked_at=now,
+        probes=0 if after.state == h.HEALTHY else F("probes") + 1,
+        last_progress_at=now if seen.progressed else row.last_progress_at)
+    return after
+
+
+def disk_buffer_full(*, stager, control):
+    """Why no new job may go out for lack of disk buffer, or "" (also when the stager does
+    not report its buffer)."""
+    status = stager.status() or {}
+    free, total = status.get("disk_free_bytes"), status.get("disk_total_bytes")
+    StagerHealth.objects.filter(id=1).update(disk_free_bytes=free, disk_total_bytes=total)
+    # What was sent but is not on disk yet will take room there too.
+    incoming = (RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).aggregate(b=Sum("size"))["b"] or 0)
+    use = h.projected_disk_use(free=free, total=total, incoming=incoming)
+    if use is not None and use >= control.disk_threshold:
+        return f"disk buffer {use:.0%} used with what is on its way, threshold {control.disk_threshold:.0%}"
+    return ""
 
 
 def withdraw(stager, pairs):
@@ -75,7 +128,10 @@ def withdraw(stager, pairs):
     backend_ids = {str(job): backend_id for job, backend_id in jobs}
     for job_id, group in groupby(pairs, key=lambda p: p[0]):
         if backend_ids.get(job_id):
-            stager.cancel(backend_ids[job_id], [path for _, path in group])
+            try:
+                stager.cancel(backend_ids[job_id], [path for _, path in group])
+            except Exception as exc:  # noqa: BLE001 - the file is cancelled here; the stager's copy is moot
+                log.warning("withdrawing from job %s failed: %s", job_id, exc)
 
 
 def expire_requests(*, now, stager):
@@ -98,12 +154,22 @@ def _spec(job):
 
 
 def collect_progress(*, now, stager, control, report):
-    """Poll the jobs in flight and move their requests on."""
-    jobs = {str(j.id): j for j in Job.objects.filter(state=JobState.SENT).select_related("tape")}
+    """Poll the jobs in flight and move their requests on; return what was seen of the
+    stager. While it is down, one job is polled as a probe: one call a cycle, however many
+    jobs wait, and the full poll follows in the same cycle once it answers."""
+    jobs = {str(j.id): j for j in Job.objects.filter(state=JobState.SENT).select_related("tape")
+            .order_by("sent_at")}
     if not jobs:
-        return
+        return h.Observation()
     specs = [_spec(j) for j in jobs.values()]
-    answers = stager.poll(specs)
+    try:
+        if StagerHealth.get().state == h.DOWN:
+            stager.poll(specs[:1])
+        answers = stager.poll(specs)
+    except Exception as exc:  # noqa: BLE001 - whatever the backend raised, it did not answer
+        return h.Observation(reachable=False, error=f"poll: {exc}")
+    results = failures = 0
+    tape_failures = {}
     for job_id, job in jobs.items():
         statuses = answers.get(job_id)
         in_job = RestoreRequest.objects.filter(job=job)
@@ -121,31 +187,91 @@ def collect_progress(*, now, stager, control, report):
                 progressed += request_transition(
                     in_job.filter(path__in=[s.path for s in by_state["staging"]]), S.STAGING, now=now)
             if "done" in by_state:
-                # Everyone's active request for a restored file is done: one stage serves all users.
-                keys = list(in_job.filter(path__in=[s.path for s in by_state["done"]]).values_list("path_key", flat=True))
-                n = request_transition(RestoreRequest.objects.filter(path_key__in=keys), S.DONE, now=now)
+                n = _staged(in_job, by_state["done"], now=now)
                 report.done += n
                 progressed += n
+                results += len(by_state["done"])
             for st in by_state.get("failed", []):
-                progressed += _fail(in_job.filter(path=st.path), st, now=now, control=control, report=report)
+                n = _fail(in_job.filter(path=st.path), st, now=now, control=control, report=report)
+                progressed += n
+                results += 1
+                failures += 1
+                if job.tape_id and st.error_class in (ErrorClass.TRANSIENT, ErrorClass.PERMANENT):
+                    tape_failures.setdefault(job.tape_id, []).append(st.message)
             if progressed:
                 Job.objects.filter(id=job.id).update(progress_at=now)
             if not in_job.filter(state__in=IN_FLIGHT_STATES).exists():
                 Job.objects.filter(id=job.id).update(state=JobState.DONE, finished_at=now)
+    count_tape_failures(tape_failures, now=now, control=control)
+    latest = Job.objects.filter(state=JobState.SENT).aggregate(p=Max("progress_at"))["p"]
+    stalled = latest is not None and (now - latest).total_seconds() > control.stall_after_s
+    progressed = bool(results) or Job.objects.filter(state=JobState.SENT, progress_at=now).exists()
+    return h.Observation(results=results, failures=failures, progressed=progressed, stalled=stalled)
+
+
+def _staged(in_job, statuses, *, now):
+    """Files on the stager's disk: every user's active request for them moves on, one stage
+    serving all users; those with a destination go to delivery, the others are done."""
+    disk_path = {st.path: st.disk_path for st in statuses}
+    rows = list(in_job.filter(path__in=list(disk_path)).values_list("path", "path_key"))
+    if not rows:
+        return 0
+    keys = [k for _, k in rows]
+    delivery = plugins.delivery()
+    n = 0
+    if delivery.moves_files:
+        to_deliver = RestoreRequest.objects.filter(path_key__in=keys, state__in=ACTIVE_STATES).exclude(
+            state=S.DELIVERING).exclude(destination="")
+        by_fs = {}
+        for rid, path, destination in to_deliver.values_list("id", "path", "destination"):
+            try:
+                fs = delivery.filesystem(destination)
+            except OSError:
+                fs = "?"
+            by_fs.setdefault(fs, []).append((rid, path))
+        for fs, members in by_fs.items():
+            staged = Case(*[When(path=p, then=Value(disk_path.get(p) or p)) for p in {p for _, p in members}])
+            n += request_transition(RestoreRequest.objects.filter(id__in=[r for r, _ in members]), S.DELIVERING,
+                                    now=now, delivery_fs=fs, staged_path=staged, delivery_started_at=None)
+        keys_left = RestoreRequest.objects.filter(path_key__in=keys, destination="")
+    else:
+        keys_left = RestoreRequest.objects.filter(path_key__in=keys)
+    n += request_transition(keys_left.exclude(state=S.DELIVERING), S.DONE, now=now)
+    Tape.objects.filter(requests__path_key__in=keys, recent_failures__gt=0).update(recent_failures=0)
+    return n
+
+
+def count_tape_failures(failures, *, now, control):
+    """Failures that cluster on one tape quarantine it: its requests wait instead of being
+    retried against a bad cartridge, and the operator sees why."""
+    window = timedelta(seconds=control.quarantine_window_s)
+    for tape in Tape.objects.filter(id__in=list(failures)):
+        messages = failures[tape.id]
+        if tape.failures_since is None or now - tape.failures_since > window:
+            tape.recent_failures, tape.failures_since = 0, now
+        tape.recent_failures += len(messages)
+        if tape.recent_failures >= control.quarantine_failures and tape.quarantined_at is None:
+            tape.quarantined_at = now
+            tape.quarantine_reason = (f"{tape.recent_failures} failures within {control.quarantine_window_s:.0f} s; "
+                                      f"last: {messages[-1]}")
+            log.warning("tape %s quarantined: %s", tape.label, tape.quarantine_reason)
+        tape.save(update_fields=["recent_failures", "failures_since", "quarantined_at", "quarantine_reason"])
 
 
 def _fail(queryset, status, *, now, control, report):
-    """A transient failure waits for the next retry cycle until its attempts run out; any
-    other class fails at once."""
-    queryset = queryset.filter(state__in=IN_FLIGHT_STATES)
+    """Transient and delivery failures wait for the next retry cycle until their attempts
+    run out; permanent and user errors fail at once."""
+    queryset = queryset.filter(state__in=(*IN_FLIGHT_STATES, S.DELIVERING))
     n = 0
     message = status.message
-    if status.error_class == ErrorClass.TRANSIENT:
-        n = request_transition(queryset.filter(attempts__lt=control.max_attempts), S.RETRY, now=now,
+    limit = {ErrorClass.TRANSIENT: control.max_attempts,
+             ErrorClass.DELIVERY: control.max_delivery_attempts}.get(status.error_class)
+    if limit:
+        n = request_transition(queryset.filter(attempts__lt=limit), S.RETRY, now=now,
                                retry_at=now + timedelta(seconds=control.retry_cycle_s),
                                error_class=status.error_class, last_error=message)
         report.retrying += n
-        message = f"{message} (gave up after {control.max_attempts} attempts)"
+        message = f"{message} (gave up after {limit} attempts)"
     m = request_transition(queryset, S.FAILED, now=now, error_class=status.error_class or ErrorClass.PERMANENT,
                            last_error=message)
     report.failed += m
@@ -167,6 +293,8 @@ def locate_requests(*, now, stager, limit):
         missing = [a for a in answers if not hasattr(a, "tape")]
         _record_locations(found, now=now)
         for err in missing:
+            if err.error_class == ErrorClass.TRANSIENT:
+                continue  # the backend cannot tell now: asked again at a later cycle
             request_transition(RestoreRequest.objects.filter(path=err.path, state=S.QUEUED), S.FAILED, now=now,
                                error_class=err.error_class, last_error=err.message)
     location = FileLocation.objects.filter(path_key=OuterRef("path_key"))
@@ -190,13 +318,15 @@ def _record_locations(found, *, now):
         batch_size=2000)
 
 
-def claim_jobs(*, now, control, sort, share):
+def claim_jobs(*, now, control, sort, share, jobs_limit=None):
     """Choose this cycle's requests with the active policies, claim them, group them into
     jobs of at most N files per tape in read order, and commit jobs and claims together.
     Claiming locks with SKIP LOCKED and re-checks the state, so two cycles can never send the
-    same request."""
+    same request. Slots: N files times the jobs allowed in flight (the adaptive limit, K by
+    default), less the files in flight."""
+    jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
-    slots = control.files_per_job * control.jobs_in_flight - in_flight
+    slots = control.files_per_job * jobs_limit - in_flight
     selection = select(now=now, control=control, sort=sort, share=share, slots=slots)
     if not selection.chosen:
         return []
@@ -205,7 +335,7 @@ def claim_jobs(*, now, control, sort, share):
         claimed = dict(
             (i, (path, key)) for i, path, key in
             RestoreRequest.objects.filter(id__in=[c.id for c in selection.chosen], state=S.QUEUED)
-            .exclude(Exists(staged_elsewhere))
+            .exclude(Exists(staged_elsewhere)).exclude(tape__quarantined_at__isnull=False)
             .select_for_update(skip_locked=True, of=("self",))
             .values_list("id", "path", "path_key")
         )
@@ -227,6 +357,8 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job):
             job = Job(tape_id=tape_id, files=len(part), created_at=now)
             jobs.append((job, part))
             job_of_key.update((key, job.id) for _, key in part)
+    if not jobs:
+        return []
     Job.objects.bulk_create([job for job, _ in jobs])
     # Other users' queued requests for the same files ride along in the same stage.
     request_transition(RestoreRequest.objects.filter(path_key__in=list(job_of_key), state=S.QUEUED), S.SUBMITTED,
@@ -237,7 +369,8 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job):
 
 def send_jobs(*, now, stager):
     """Send every committed, unacknowledged job. A job left pending by a crash is sent again
-    with the same id, which the stager treats as the same job."""
+    with the same id, which the stager treats as the same job. Returns the error that stopped
+    sending, or ""."""
     for job in Job.objects.filter(state=JobState.PENDING).select_related("tape").order_by("created_at"):
         spec = _spec(job)
         if not spec.paths:
@@ -245,8 +378,60 @@ def send_jobs(*, now, stager):
             continue
         try:
             backend_id = stager.submit(spec)
-        except Exception as exc:  # the stager is down: the job stays pending for the next cycle
+        except Exception as exc:  # noqa: BLE001 - the job stays pending for a later cycle
             log.warning("submitting %s failed: %s", job.id, exc)
-            break
+            return str(exc) or type(exc).__name__
         Job.objects.filter(id=job.id, state=JobState.PENDING).update(
             state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now)
+    return ""
+
+
+def dispatch_deliveries(*, now, control):
+    """Start deliveries of staged files, at most `deliveries_per_fs` at once per destination
+    file system; each batch runs in a worker task. A delivery started longer ago than the
+    stall time (its worker died) is started again."""
+    waiting = RestoreRequest.objects.filter(state=S.DELIVERING)
+    waiting.filter(delivery_started_at__lt=now - timedelta(seconds=control.stall_after_s)).update(
+        delivery_started_at=None)
+    running = dict(waiting.filter(delivery_started_at__isnull=False).order_by().values_list("delivery_fs")
+                   .annotate(n=Count("id")).values_list("delivery_fs", "n"))
+    started = []
+    for fs in waiting.filter(delivery_started_at__isnull=True).order_by().values_list(
+            "delivery_fs", flat=True).distinct():
+        room = control.deliveries_per_fs - running.get(fs, 0)
+        if room <= 0:
+            continue
+        ids = list(waiting.filter(delivery_fs=fs, delivery_started_at__isnull=True).order_by("id")
+                   .values_list("id", flat=True)[:room])
+        waiting.filter(id__in=ids, delivery_started_at__isnull=True).update(delivery_started_at=now)
+        started.extend(ids)
+    if started:
+        from .tasks import deliver_on_commit
+
+        deliver_on_commit(started)
+    return len(started)
+
+
+def deliver_requests(ids, *, now, control=None):
+    """Deliver these staged requests (a worker task): done, or failed with class DELIVERY
+    (retried on the retry cycle) or USER (a destination the user must fix)."""
+    control = control or Control.get()
+    delivery = plugins.delivery()
+    report = CycleReport()
+    for rid, source, destination in RestoreRequest.objects.filter(id__in=ids, state=S.DELIVERING).values_list(
+            "id", "staged_path", "destination"):
+        one = RestoreRequest.objects.filter(id=rid)
+        try:
+            delivery.deliver(source, destination)
+        except DeliveryError as exc:
+            status_class = ErrorClass.USER if exc.user_error else ErrorClass.DELIVERY
+            _fail(one, _Failure(str(exc), status_class), now=now, control=control, report=report)
+            continue
+        request_transition(one, S.DONE, now=now)
+    return report
+
+
+@dataclass(frozen=True)
+class _Failure:
+    message: str
+    error_class: str

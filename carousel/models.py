@@ -20,6 +20,7 @@ class RequestState(models.TextChoices):
     SUBMITTED = "submitted"  # in a job at the stager
     STAGING = "staging"  # the stager reports work on it
     RETRY = "retry"  # failed transiently, waits for its retry time
+    DELIVERING = "delivering"  # on the stager's disk, being put where the user asked
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -27,7 +28,7 @@ class RequestState(models.TextChoices):
 
 
 S = RequestState
-ACTIVE_STATES = (S.QUEUED, S.SUBMITTED, S.STAGING, S.RETRY)
+ACTIVE_STATES = (S.QUEUED, S.SUBMITTED, S.STAGING, S.RETRY, S.DELIVERING)
 IN_FLIGHT_STATES = (S.SUBMITTED, S.STAGING)
 TERMINAL_STATES = (S.DONE, S.FAILED, S.CANCELLED, S.EXPIRED)
 
@@ -36,10 +37,11 @@ ALLOWED_FROM = {
     S.SUBMITTED: (S.QUEUED,),
     S.STAGING: (S.SUBMITTED,),
     # A queued request completes when another user's shared stage of the same file does.
-    S.DONE: (S.QUEUED, S.SUBMITTED, S.STAGING, S.RETRY),
-    S.RETRY: (S.SUBMITTED, S.STAGING),
+    S.DONE: (S.QUEUED, S.SUBMITTED, S.STAGING, S.RETRY, S.DELIVERING),
+    S.DELIVERING: (S.QUEUED, S.SUBMITTED, S.STAGING, S.RETRY),
+    S.RETRY: (S.SUBMITTED, S.STAGING, S.DELIVERING),
     # retry time reached; a job reconciled as never received; an operator's "retry now".
-    S.QUEUED: (S.RETRY, S.SUBMITTED, S.STAGING, S.FAILED),
+    S.QUEUED: (S.RETRY, S.SUBMITTED, S.STAGING, S.DELIVERING, S.FAILED),
     S.FAILED: ACTIVE_STATES,
     S.CANCELLED: ACTIVE_STATES,
     S.EXPIRED: ACTIVE_STATES,
@@ -81,7 +83,25 @@ class Control(models.Model):
                                          help_text="... or its oldest request has waited this long.")
     retry_cycle_s = models.FloatField("retry cycle (s)", default=600.0,
                                       help_text="Transient failures wait this long, then retry together.")
-    max_attempts = models.PositiveSmallIntegerField("attempts before failing", default=5)
+    max_attempts = models.PositiveSmallIntegerField("attempts before failing", default=5,
+                                                    help_text="Transient failures (stager, drive) per request.")
+    max_delivery_attempts = models.PositiveSmallIntegerField("delivery attempts before failing", default=3)
+    stall_after_s = models.FloatField("stalled after (s)", default=1800.0,
+                                      help_text="Jobs in flight with no progress for this long: the stager is "
+                                                "stalled, submission stops until progress returns.")
+    failure_ratio = models.FloatField("halve on failure ratio", default=0.5,
+                                      help_text="When more than this fraction of a cycle's results are failures, "
+                                                "the jobs in flight are halved.")
+    disk_threshold = models.FloatField("disk buffer threshold", default=0.9,
+                                       help_text="New jobs go out only while the stager's disk buffer, with what "
+                                                 "is already on its way, stays below this fraction.")
+    quarantine_failures = models.PositiveSmallIntegerField(
+        "quarantine after failures", default=3,
+        help_text="Failures on one tape within the quarantine window that quarantine it.")
+    quarantine_window_s = models.FloatField("quarantine window (s)", default=3600.0)
+    deliveries_per_fs = models.PositiveSmallIntegerField(
+        "deliveries per file system", default=4,
+        help_text="Copies to one destination file system at once, so restores don't overload it.")
     locate_batch = models.PositiveIntegerField("paths located per cycle", default=5000)
     paused = models.BooleanField("submission paused", default=False)
     last_cycle_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -94,6 +114,42 @@ class Control(models.Model):
 
     def __str__(self):
         return "Carousel control"
+
+    @classmethod
+    def get(cls):
+        obj, _ = cls.objects.get_or_create(id=1)
+        return obj
+
+
+class HealthState(models.TextChoices):
+    HEALTHY = "healthy"
+    STALLED = "stalled"  # reachable, but jobs in flight make no progress
+    DOWN = "down"  # unreachable
+
+
+class StagerHealth(models.Model):
+    """What the loop has judged of the stager, written by the loop only (one row)."""
+
+    state = models.CharField(max_length=16, choices=HealthState.choices, default=HealthState.HEALTHY)
+    reason = models.TextField(blank=True)
+    since = models.DateTimeField(null=True, blank=True)
+    jobs_limit = models.PositiveIntegerField("jobs in flight now", null=True, blank=True,
+                                             help_text="The adaptive limit; empty: K from the control row.")
+    healthy_limit = models.PositiveIntegerField("last healthy limit", null=True, blank=True,
+                                                help_text="Restored at once when an outage or stall ends.")
+    last_progress_at = models.DateTimeField(null=True, blank=True)
+    probes = models.PositiveIntegerField(default=0, help_text="Probes since the stager went down or stalled.")
+    disk_free_bytes = models.BigIntegerField(null=True, blank=True)
+    disk_total_bytes = models.BigIntegerField(null=True, blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "stager health"
+        verbose_name_plural = "stager health"
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="stagerhealth_is_singleton")]
+
+    def __str__(self):
+        return f"stager {self.state}"
 
     @classmethod
     def get(cls):
@@ -136,6 +192,12 @@ class Tape(models.Model):
     used_bytes = models.BigIntegerField(null=True, blank=True)
     quarantined_at = models.DateTimeField(null=True, blank=True)
     quarantine_reason = models.TextField(blank=True)
+    # Failures counted in the current window; reset when the window passes or a file is read.
+    recent_failures = models.PositiveIntegerField(default=0)
+    failures_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["id"], name="tape_quarantined", condition=Q(quarantined_at__isnull=False))]
 
     def __str__(self):
         return self.label
@@ -257,6 +319,11 @@ class RestoreRequest(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     retry_at = models.DateTimeField(null=True, blank=True)
+    # db_default: submission writes rows by COPY with the columns it knows.
+    staged_path = models.TextField(blank=True, db_default="", help_text="Where the stager put the file, for delivery.")
+    delivery_fs = models.CharField(max_length=255, blank=True, db_default="",
+                                   help_text="The destination's file system.")
+    delivery_started_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -285,6 +352,8 @@ class RestoreRequest(models.Model):
             models.Index(fields=["deadline"], name="request_active_deadline",
                          condition=Q(deadline__isnull=False, state__in=ACTIVE_STATES)),
             models.Index(fields=["retry_at"], name="request_retry_due", condition=Q(state=S.RETRY)),
+            models.Index(fields=["delivery_fs", "delivery_started_at"], name="request_delivering",
+                         condition=Q(state=S.DELIVERING)),
             models.Index(fields=["created_at"], name="request_unlocated",
                          condition=Q(state=S.QUEUED, tape__isnull=True)),
             # The scheduler's reads, each bounded by what it takes (policies/selection.py).

@@ -35,8 +35,18 @@ def stager():
     return cls(**settings.CAROUSEL_STAGER_OPTIONS)
 
 
+@functools.cache
+def delivery():
+    """The configured delivery step, one instance per process."""
+    from django.conf import settings
+
+    cls = resolve("CAROUSEL_DELIVERIES", settings.CAROUSEL_DELIVERY)
+    return cls(**settings.CAROUSEL_DELIVERY_OPTIONS)
+
+
 @receiver(setting_changed)
 def _reset(setting, **kwargs):
     if setting.startswith("CAROUSEL_"):
         resolve.cache_clear()
         stager.cache_clear()
+        delivery.cache_clear()

@@ -29,7 +29,8 @@ def request_transition(queryset, to, *, now, **fields):
     elif to in TERMINAL_STATES:
         stamps["finished_at"] = now
     elif to == S.QUEUED:
-        stamps.update(finished_at=None, retry_at=None, job=None, submitted_at=None, started_at=None)
+        stamps.update(finished_at=None, retry_at=None, job=None, submitted_at=None, started_at=None,
+                      staged_path="", delivery_fs="", delivery_started_at=None)
     if to == S.DONE:
         stamps.update(error_class=ErrorClass.NONE, last_error="")
     return queryset.filter(state__in=ALLOWED_FROM[to]).update(state=to, **stamps, **fields)

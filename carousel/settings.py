@@ -1,5 +1,6 @@
 """Settings come from the environment; with nothing set, the embedded default runs:
 SQLite in var/ and Celery on kombu's filesystem transport, so no server is needed."""
+import json
 import os
 from pathlib import Path
 
@@ -142,6 +143,9 @@ CAROUSEL_TICK_S = float(os.environ.get("CAROUSEL_TICK_S", "2"))
 # Plugins: name -> dotted path, resolved lazily with import_string (see carousel/plugins.py).
 CAROUSEL_STAGERS = {
     "immediate": "carousel.stagers.immediate.ImmediateStager",
+    "hpss": "carousel.stagers.hpss.HpssStager",
+    "tape-rest": "carousel.stagers.tape_rest.TapeRestStager",
+    "command": "carousel.stagers.command.CommandStager",
 }
 CAROUSEL_STAGER = os.environ.get("CAROUSEL_STAGER", "immediate")
 CAROUSEL_SORT_POLICIES = {
@@ -154,7 +158,15 @@ CAROUSEL_SHARE_POLICIES = {
     "GROUP": "policies.sharing.Group",
     "GRPW": "policies.sharing.GroupWeighted",
 }
-CAROUSEL_STAGER_OPTIONS = {}
+# Keyword arguments of the stager's class, as JSON (e.g. {"url": ..., "token_file": ...}).
+CAROUSEL_STAGER_OPTIONS = json.loads(os.environ.get("CAROUSEL_STAGER_OPTIONS") or "{}")
+CAROUSEL_DELIVERIES = {
+    "none": "carousel.delivery.InPlace",
+    "copy": "carousel.delivery.LocalCopy",
+    "command": "carousel.delivery.SiteCommand",
+}
+CAROUSEL_DELIVERY = os.environ.get("CAROUSEL_DELIVERY", "none")
+CAROUSEL_DELIVERY_OPTIONS = json.loads(os.environ.get("CAROUSEL_DELIVERY_OPTIONS") or "{}")
 
 # Limits of one submission.
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))

@@ -30,3 +30,13 @@ def withdraw_on_commit(pairs):
     if pairs:
         payload = [(str(job), path) for job, path in pairs]
         transaction.on_commit(lambda: withdraw.delay(payload))
+
+
+@shared_task(name="carousel.tasks.deliver", ignore_result=True)
+def deliver(ids):
+    """Put staged files where their users asked (dispatched by the loop, throttled per file system)."""
+    loop.deliver_requests(ids, now=timezone.now())
+
+
+def deliver_on_commit(ids):
+    transaction.on_commit(lambda: deliver.delay(list(ids)))

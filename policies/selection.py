@@ -22,7 +22,9 @@ from .sorting import Candidate, Params, TapeInfo
 
 ROUNDS = 3
 _COLUMNS = "id, user_id, tape_id, position, size, priority, created_at"
-_READY = "state = 'queued' AND tape_id IS NOT NULL"
+# Requests on a quarantined tape wait: no retries against a bad cartridge (few tapes are).
+_NOT_QUARANTINED = "tape_id NOT IN (SELECT id FROM carousel_tape WHERE quarantined_at IS NOT NULL)"
+_READY = f"state = 'queued' AND tape_id IS NOT NULL AND {_NOT_QUARANTINED}"
 POOL_SQL = {
     # The user's oldest ready requests: FIFO, the max-wait rule, SLIDER's anchors.
     "oldest": f"SELECT {_COLUMNS} FROM carousel_restorerequest WHERE user_id = {{a}} AND {_READY} "
@@ -33,7 +35,7 @@ POOL_SQL = {
                 "AND priority > 0 ORDER BY priority DESC, created_at LIMIT {n}",
 }
 TOP_TAPES_SQL = ("SELECT user_id, tape_id, files FROM carousel_tapebacklog WHERE user_id = {a} AND files > 0 "
-                 "ORDER BY files DESC, tape_id LIMIT {n}")
+                 f"AND {_NOT_QUARANTINED} ORDER BY files DESC, tape_id LIMIT {{n}}")
 ON_TAPE_SQL = (f"SELECT {_COLUMNS} FROM carousel_restorerequest WHERE user_id = {{a}} AND tape_id = {{b}} "
                f"AND {_READY} ORDER BY position LIMIT {{n}}")
 

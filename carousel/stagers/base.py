@@ -29,6 +29,7 @@ class FileStatus:
     state: str  # "queued", "staging", "done" or "failed"
     error_class: str = ""
     message: str = ""
+    disk_path: str = ""  # where a done file lies on the stager's disk, when not at its own path
 
 
 @dataclass

@@ -1,0 +1,101 @@
+"""Delivery: once a file is on the stager's disk, put it where the user asked. Plugins named
+in settings (CAROUSEL_DELIVERIES), like the stagers. The loop throttles deliveries per
+destination file system (Control.deliveries_per_fs), as the DataCarousel did, so that many
+restores finishing together don't overload a central file system."""
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+class DeliveryError(Exception):
+    """A delivery failed. `user_error`: the destination is wrong or full (the user must act);
+    otherwise the failure is retried on the retry cycle as its own class."""
+
+    def __init__(self, message, *, user_error=False):
+        super().__init__(message)
+        self.user_error = user_error
+
+
+class Delivery:
+    # False: files are used where the stager put them, and requests are done once staged.
+    moves_files = True
+
+    def filesystem(self, destination):
+        """A key naming the file system `destination` is on; deliveries are throttled per key."""
+        raise NotImplementedError
+
+    def deliver(self, source, destination):
+        """Put the staged file `source` at `destination`; raise DeliveryError on failure."""
+        raise NotImplementedError
+
+
+class InPlace(Delivery):
+    """No delivery: the file is used where the stager staged it."""
+
+    moves_files = False
+
+    def filesystem(self, destination):
+        return ""
+
+    def deliver(self, source, destination):
+        pass
+
+
+def _existing_parent(path):
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+class LocalCopy(Delivery):
+    """Copy to a path on a file system this worker mounts; written to a temporary name and
+    renamed, so a reader never sees half a file."""
+
+    def filesystem(self, destination):
+        return f"dev:{os.stat(_existing_parent(destination)).st_dev}"
+
+    def deliver(self, source, destination):
+        target = Path(destination)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as tmp:
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, tmp, 1 << 20)
+            os.replace(tmp.name, target)
+        except FileNotFoundError as exc:
+            raise DeliveryError(f"staged copy missing: {exc}") from exc
+        except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+            raise DeliveryError(f"cannot write {destination}: {exc.strerror}", user_error=True) from exc
+        except OSError as exc:
+            # ENOSPC, EDQUOT: the user's space is full, retrying will not help.
+            user_error = exc.errno in (28, 122)
+            raise DeliveryError(f"copying to {destination} failed: {exc.strerror}", user_error=user_error) from exc
+
+
+class SiteCommand(Delivery):
+    """A site's program: `<command...> SOURCE DESTINATION`. Exit 0: delivered; exit 2: the
+    destination is refused (a user error, not retried); anything else: a delivery failure,
+    retried on the retry cycle. The file system key is the destination's first two path
+    components (/gpfs/star) unless the site names a `filesystem_depth`."""
+
+    def __init__(self, command, timeout_s=3600, filesystem_depth=2):
+        self.command = command.split() if isinstance(command, str) else list(command)
+        self.timeout_s = timeout_s
+        self.depth = filesystem_depth
+
+    def filesystem(self, destination):
+        return "/" + "/".join(Path(destination).parts[1:1 + self.depth])
+
+    def deliver(self, source, destination):
+        try:
+            done = subprocess.run([*self.command, source, destination], capture_output=True, text=True,
+                                  timeout=self.timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise DeliveryError(f"delivery command failed: {exc}") from exc
+        if done.returncode:
+            detail = (done.stderr or done.stdout).strip()[-500:]
+            raise DeliveryError(f"delivery command exited {done.returncode}: {detail}",
+                                user_error=done.returncode == 2)
