@@ -13,4 +13,5 @@ urlpatterns = [
     path("bulks/<uuid:pk>/", views.BulkDetail.as_view(), name="bulk-detail"),
     path("bulks/<uuid:pk>/cancel/", views.BulkCancel.as_view(), name="bulk-cancel"),
     path("summary/", views.Summary.as_view(), name="summary"),
+    path("stager/", views.StagerHealthView.as_view(), name="stager"),
 ]

@@ -140,3 +140,11 @@ class BulkCancel(APIView):
 class Summary(APIView):
     def get(self, request):
         return Response(selectors.queue_summary(user=request.user))
+
+
+class StagerHealthView(APIView):
+    """The stager's health (healthy, stalled, down), the adaptive jobs-in-flight limit, the
+    retry queue and quarantined tapes."""
+
+    def get(self, request):
+        return Response(selectors.stager_health())

@@ -9,7 +9,9 @@ from django.utils import timezone
 
 from . import services
 from .tasks import withdraw_on_commit
-from .models import Account, Bulk, Control, FileLocation, GroupShare, Job, RestoreRequest, Tape, Transition
+from .models import (
+    Account, Bulk, Control, FileLocation, GroupShare, Job, RestoreRequest, RetryQueue, StagerHealth, Tape, Transition,
+)
 
 
 class AccountInline(admin.StackedInline):
@@ -63,7 +65,10 @@ class ControlAdmin(admin.ModelAdmin):
         ("Worth mounting", {"fields": ["mount_min_files", "mount_min_bytes", "mount_max_wait_s"]}),
         ("Batches", {"fields": ["files_per_job", "jobs_in_flight", "cycle_s", "locate_batch", "paused"]}),
         ("Default caps", {"fields": ["default_user_cap", "default_group_cap", "default_queued_ceiling"]}),
-        ("Retries", {"fields": ["retry_cycle_s", "max_attempts"]}),
+        ("Retries", {"fields": ["retry_cycle_s", "max_attempts", "max_delivery_attempts"]}),
+        ("Backpressure", {"fields": ["stall_after_s", "failure_ratio", "disk_threshold", "quarantine_failures",
+                                     "quarantine_window_s"]}),
+        ("Delivery", {"fields": ["deliveries_per_fs"]}),
         ("Last cycle", {"fields": ["last_cycle_at", "last_cycle_error"]}),
     ]
     list_display = ["__str__", "sort_policy", "share_policy", "paused", "last_cycle_at", "last_cycle_error"]
@@ -101,11 +106,85 @@ class RestoreRequestAdmin(admin.ModelAdmin):
         self.message_user(request, f"{count} request(s) queued again.", messages.SUCCESS)
 
 
+class QuarantinedFilter(admin.SimpleListFilter):
+    title = "quarantine"
+    parameter_name = "quarantined"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "quarantined"), ("no", "in service")]
+
+    def queryset(self, request, queryset):
+        if self.value() in ("yes", "no"):
+            return queryset.filter(quarantined_at__isnull=self.value() == "no")
+        return queryset
+
+
 @admin.register(Tape)
 class TapeAdmin(admin.ModelAdmin):
-    list_display = ["label", "media", "quarantined_at", "quarantine_reason"]
-    list_filter = ["media"]
+    list_display = ["label", "media", "quarantined_at", "quarantine_reason", "recent_failures"]
+    list_filter = [QuarantinedFilter, "media"]
     search_fields = ["label"]
+    readonly_fields = ["recent_failures", "failures_since"]
+    actions = ["lift_quarantine"]
+
+    @admin.action(description="Lift the quarantine (the tapes' requests go out again)")
+    def lift_quarantine(self, request, queryset):
+        count = services.tape_lift_quarantine(queryset=queryset)
+        self.message_user(request, f"{count} tape(s) back in service.", messages.SUCCESS)
+
+
+@admin.register(StagerHealth)
+class StagerHealthAdmin(admin.ModelAdmin):
+    """What the loop judged of the stager at its last cycle: written by the loop only."""
+
+    list_display = ["state", "reason", "since", "jobs_limit", "healthy_limit", "jobs_ceiling", "last_progress_at",
+                    "disk", "checked_at"]
+
+    @admin.display(description="K (control)")
+    def jobs_ceiling(self, obj):
+        return Control.get().jobs_in_flight
+
+    @admin.display(description="disk buffer free")
+    def disk(self, obj):
+        if not obj.disk_total_bytes:
+            return "not reported"
+        return f"{obj.disk_free_bytes / 1e9:,.0f} of {obj.disk_total_bytes / 1e9:,.0f} GB"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(RetryQueue)
+class RetryQueueAdmin(admin.ModelAdmin):
+    """Requests waiting for their retry time, soonest first."""
+
+    list_display = ["id", "path", "user", "tape", "attempts", "error_class", "last_error", "retry_at"]
+    list_filter = ["error_class"]
+    search_fields = ["path", "user__username", "tape__label"]
+    list_select_related = ["user", "tape"]
+    ordering = ["retry_at"]
+    actions = ["retry_now"]
+    show_full_result_count = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(state="retry")
+
+    @admin.action(description="Retry now")
+    def retry_now(self, request, queryset):
+        count = services.request_retry_now(queryset=queryset, now=timezone.now())
+        self.message_user(request, f"{count} request(s) queued again.", messages.SUCCESS)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(FileLocation)

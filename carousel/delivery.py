@@ -67,7 +67,7 @@ class LocalCopy(Delivery):
             os.replace(tmp.name, target)
         except FileNotFoundError as exc:
             raise DeliveryError(f"staged copy missing: {exc}") from exc
-        except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        except (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
             raise DeliveryError(f"cannot write {destination}: {exc.strerror}", user_error=True) from exc
         except OSError as exc:
             # ENOSPC, EDQUOT: the user's space is full, retrying will not help.

@@ -77,13 +77,16 @@ def _work(*, now, stager, control, state, report):
         return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"locate: {exc}"), control=control)
     if control.paused:
         return state
-    full = disk_buffer_full(stager=stager, control=control)
-    if full:
-        report.error = full
+    budget = disk_budget(stager=stager, control=control)
+    if budget is not None and budget <= 0:
+        report.error = f"disk buffer: no room below {control.disk_threshold:.0%} with what is on its way"
     else:
-        jobs = claim_jobs(now=now, control=control, sort=sort, share=share, jobs_limit=state.limit)
+        jobs = claim_jobs(now=now, control=control, sort=sort, share=share, jobs_limit=state.limit,
+                          byte_budget=budget)
         report.submitted = sum(len(j.paths) for j in jobs)
         report.jobs_sent = [j.id for j in jobs]
+        if budget is not None and not jobs:
+            report.error = "disk buffer: the next files do not fit below the threshold"
     # Jobs committed by this or an interrupted earlier cycle go out now.
     error = send_jobs(now=now, stager=stager)
     if error:
@@ -107,18 +110,18 @@ def judge_stager(*, now, seen, control):
     return after
 
 
-def disk_buffer_full(*, stager, control):
-    """Why no new job may go out for lack of disk buffer, or "" (also when the stager does
-    not report its buffer)."""
+def disk_budget(*, stager, control):
+    """The bytes new jobs may still bring to the stager's disk buffer before its projected
+    use reaches the threshold (None: the stager does not report its buffer)."""
     status = stager.status() or {}
     free, total = status.get("disk_free_bytes"), status.get("disk_total_bytes")
     StagerHealth.objects.filter(id=1).update(disk_free_bytes=free, disk_total_bytes=total)
     # What was sent but is not on disk yet will take room there too.
     incoming = (RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).aggregate(b=Sum("size"))["b"] or 0)
     use = h.projected_disk_use(free=free, total=total, incoming=incoming)
-    if use is not None and use >= control.disk_threshold:
-        return f"disk buffer {use:.0%} used with what is on its way, threshold {control.disk_threshold:.0%}"
-    return ""
+    if use is None:
+        return None
+    return int((control.disk_threshold - use) * total)
 
 
 def withdraw(stager, pairs):
@@ -203,9 +206,11 @@ def collect_progress(*, now, stager, control, report):
             if not in_job.filter(state__in=IN_FLIGHT_STATES).exists():
                 Job.objects.filter(id=job.id).update(state=JobState.DONE, finished_at=now)
     count_tape_failures(tape_failures, now=now, control=control)
-    latest = Job.objects.filter(state=JobState.SENT).aggregate(p=Max("progress_at"))["p"]
-    stalled = latest is not None and (now - latest).total_seconds() > control.stall_after_s
     progressed = bool(results) or Job.objects.filter(state=JobState.SENT, progress_at=now).exists()
+    # Stalled: jobs wait at the stager, and none has moved for the stall time.
+    latest = Job.objects.filter(state=JobState.SENT).aggregate(p=Max("progress_at"))["p"]
+    stalled = (not progressed and latest is not None
+               and (now - latest).total_seconds() > control.stall_after_s)
     return h.Observation(results=results, failures=failures, progressed=progressed, stalled=stalled)
 
 
@@ -318,16 +323,18 @@ def _record_locations(found, *, now):
         batch_size=2000)
 
 
-def claim_jobs(*, now, control, sort, share, jobs_limit=None):
+def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None):
     """Choose this cycle's requests with the active policies, claim them, group them into
     jobs of at most N files per tape in read order, and commit jobs and claims together.
     Claiming locks with SKIP LOCKED and re-checks the state, so two cycles can never send the
     same request. Slots: N files times the jobs allowed in flight (the adaptive limit, K by
-    default), less the files in flight."""
+    default), less the files in flight; and no more bytes than `byte_budget`, when given."""
     jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
     slots = control.files_per_job * jobs_limit - in_flight
     selection = select(now=now, control=control, sort=sort, share=share, slots=slots)
+    if byte_budget is not None:
+        selection.chosen = _within(selection.chosen, byte_budget)
     if not selection.chosen:
         return []
     staged_elsewhere = RestoreRequest.objects.filter(path_key=OuterRef("path_key"), state__in=IN_FLIGHT_STATES)
@@ -341,6 +348,17 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None):
         )
         chosen = [c for c in selection.chosen if c.id in claimed]
         return _make_jobs(chosen, claimed, selection.tapes, now=now, files_per_job=control.files_per_job)
+
+
+def _within(chosen, byte_budget):
+    """The first chosen requests, in sending order, whose sizes fit in the budget."""
+    kept, used = [], 0
+    for c in chosen:
+        used += c.size
+        if used > byte_budget:
+            break
+        kept.append(c)
+    return kept
 
 
 def _make_jobs(chosen, claimed, tapes, *, now, files_per_job):

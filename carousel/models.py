@@ -369,6 +369,15 @@ class RestoreRequest(models.Model):
         return f"{self.path} for {self.user_id} ({self.state})"
 
 
+class RetryQueue(RestoreRequest):
+    """The requests waiting for their retry time, as the admin lists them."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "retry queue entry"
+        verbose_name_plural = "retry queue"
+
+
 class BulkItem(models.Model):
     """Membership of a request in a submission. A request asked for again in a later
     submission (same user, still active) belongs to both."""

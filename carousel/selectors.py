@@ -54,3 +54,23 @@ def queue_summary(*, user):
 
 def bulk_requests(bulk):
     return RestoreRequest.objects.filter(bulk_items__bulk=bulk)
+
+
+def stager_health():
+    """The stager as the loop judged it at its last cycle, with the queues that depend on it."""
+    from .models import Control, Job, JobState, StagerHealth, Tape
+
+    row = StagerHealth.get()
+    control = Control.get()
+    return {
+        "state": row.state, "reason": row.reason, "since": row.since, "checked_at": row.checked_at,
+        "jobs_limit": row.jobs_limit or control.jobs_in_flight, "healthy_limit": row.healthy_limit,
+        "jobs_in_flight_max": control.jobs_in_flight,
+        "jobs_open": Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).count(),
+        "last_progress_at": row.last_progress_at,
+        "disk_free_bytes": row.disk_free_bytes, "disk_total_bytes": row.disk_total_bytes,
+        "paused": control.paused,
+        "retry_queue": RestoreRequest.objects.filter(state=RequestState.RETRY).count(),
+        "quarantined_tapes": list(Tape.objects.filter(quarantined_at__isnull=False).order_by("label")
+                                  .values("label", "quarantined_at", "quarantine_reason")[:100]),
+    }

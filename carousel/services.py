@@ -145,3 +145,9 @@ def request_retry_now(*, queryset, now):
                                               state__in=ACTIVE_STATES).exclude(pk=OuterRef("pk"))
     eligible = queryset.filter(state__in=(S.FAILED, S.RETRY)).exclude(Exists(duplicate))
     return request_transition(eligible, S.QUEUED, now=now, error_class=ErrorClass.NONE, last_error="")
+
+
+def tape_lift_quarantine(*, queryset):
+    """An operator puts quarantined tapes back in service; their queued requests go out again."""
+    return queryset.filter(quarantined_at__isnull=False).update(
+        quarantined_at=None, quarantine_reason="", recent_failures=0, failures_since=None)

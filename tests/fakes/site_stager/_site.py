@@ -37,4 +37,7 @@ def load_job(backend_id):
 
 def save_job(backend_id, job):
     JOBS.mkdir(parents=True, exist_ok=True)
-    job_file(backend_id).write_text(json.dumps(job))
+    # Written aside and renamed: a worker killed mid-cycle never leaves half a job file.
+    tmp = job_file(backend_id).with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(job))
+    os.replace(tmp, job_file(backend_id))
