@@ -1,0 +1,152 @@
+"""Reliability with real parts: a Celery worker (beat inside) on Redis and PostgreSQL, talking
+to a tape system through the `command` stager's site scripts (tests/fakes/site_stager), which
+keep their state on disk, so every stage the broker ever asked for can be counted afterwards.
+
+Killed with SIGKILL in the middle of cycles, again and again, or with Redis restarted under
+it, the broker loses no request and stages no file twice."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from carousel.localservices import free_port
+from carousel.models import Control, Job, RestoreRequest
+from carousel.services import restore_submit
+from tests.test_worker import _test_database_url
+
+SITE = Path(__file__).parent / "fakes" / "site_stager"
+FILES = 120
+
+
+@pytest.fixture
+def site(tmp_path):
+    """The fake tape system's state directory with its catalogue: FILES files on 8 tapes."""
+    state = tmp_path / "site"
+    state.mkdir()
+    catalogue = {f"/rel/{i:04d}": [f"T{i % 8}", i * 10**9, 10**9] for i in range(FILES)}
+    (state / "catalogue.json").write_text(json.dumps(catalogue))
+    return state
+
+
+class Worker:
+    """A real worker process with beat inside, restartable, on the given Redis."""
+
+    def __init__(self, tmp_path, site, redis_url):
+        options = {op: [sys.executable, str(SITE / f"{op}.py")] for op in ("locate", "stage", "poll", "cancel")}
+        self.env = dict(os.environ, DATABASE_URL=_test_database_url(), REDIS_URL=redis_url, CAROUSEL_TICK_S="0.3",
+                        CAROUSEL_VAR_DIR=str(tmp_path / "var"), CAROUSEL_STAGER="command",
+                        CAROUSEL_STAGER_OPTIONS=json.dumps(options), FAKE_SITE_DIR=str(site),
+                        FAKE_SITE_STAGE_DELAY="0.2")
+        self.log = open(tmp_path / "worker.log", "ab")
+        self.tmp_path = tmp_path
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "carousel", "worker", "-B", "--pool=solo", "--loglevel=WARNING",
+             "-s", str(self.tmp_path / "beat-schedule")], env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+    def output(self):
+        return (self.tmp_path / "worker.log").read_text(errors="replace")[-4000:]
+
+
+def wait_until_done(worker, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if RestoreRequest.objects.filter(state="done").count() == FILES:
+            return
+        assert worker.proc.poll() is None, worker.output()
+        time.sleep(0.5)
+    states = dict(RestoreRequest.objects.values_list("state").annotate(n=__import__("django.db.models",
+                                                                                       fromlist=["Count"]).Count("id")))
+    pytest.fail(f"not all restored after {timeout} s: {states}\n{worker.output()}")
+
+
+def stages_per_file(site):
+    """How many distinct stage jobs the tape system received for each file."""
+    counts = {}
+    for job in (site / "jobs").glob("*.json"):
+        for path in json.loads(job.read_text())["files"]:
+            counts[path] = counts.get(path, 0) + 1
+    return counts
+
+
+def setup_loop():
+    Control.objects.update_or_create(id=1, defaults={"cycle_s": 0.3, "files_per_job": 5, "jobs_in_flight": 4,
+                                                     "mount_min_files": 1})
+
+
+def test_killing_the_worker_mid_cycle_again_and_again_loses_nothing_and_stages_nothing_twice(
+        transactional_db, tmp_path, site, alice, now):
+    if not os.environ.get("REDIS_URL"):
+        pytest.fail("REDIS_URL is not set: run the suite with `make test`")
+    setup_loop()
+    restore_submit(user=alice, now=now, paths=list(json.loads((site / "catalogue.json").read_text())))
+    worker = Worker(tmp_path, site, os.environ["REDIS_URL"])
+    try:
+        kills = 0
+        for delay in (3.0, 3.6, 2.6, 4.1, 3.3, 2.9):
+            worker.start()
+            time.sleep(delay)  # start-up takes about 2 s; then cycles run back to back, and a kill lands in one
+            worker.kill()
+            kills += 1
+        assert RestoreRequest.objects.exclude(state="queued").exists(), "no cycle ran between the kills"
+        worker.start()
+        wait_until_done(worker, timeout=150)
+    finally:
+        worker.stop()
+    calls = (site / "stage-calls.log").read_text().split()
+    # How often a kill fell between a job's commit and its acknowledgement (varies by run).
+    print(f"{kills} kills; {len(calls) - len(set(calls))} jobs sent again with their own id")
+    counts = stages_per_file(site)
+    assert len(counts) == FILES
+    assert max(counts.values()) == 1, {p: n for p, n in counts.items() if n > 1}
+    assert not Job.objects.filter(state="pending").exists()
+
+
+def test_restarting_redis_in_the_middle_of_a_run_loses_nothing(transactional_db, tmp_path, site, alice, now):
+    port = free_port()
+    redis_dir = tmp_path / "redis"
+    redis_dir.mkdir()
+
+    def start_redis():
+        return subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--dir", str(redis_dir)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    setup_loop()
+    restore_submit(user=alice, now=now, paths=list(json.loads((site / "catalogue.json").read_text())))
+    redis = start_redis()
+    worker = Worker(tmp_path, site, f"redis://127.0.0.1:{port}/0")
+    try:
+        time.sleep(0.5)
+        worker.start()
+        time.sleep(3)
+        redis.terminate()  # the queue's contents are gone with it: nothing may depend on them
+        redis.wait()
+        time.sleep(3)
+        redis = start_redis()
+        wait_until_done(worker, timeout=150)
+    finally:
+        worker.stop()
+        redis.terminate()
+        redis.wait()
+    assert max(stages_per_file(site).values()) == 1
