@@ -25,7 +25,7 @@ run: venv
 	@echo "Carousel at http://$(ADDR)/  (admin: http://$(ADDR)/admin/, API: http://$(ADDR)/api/docs/)"
 	@# Worker (with beat inside) and web server together; when either stops, both stop.
 	@trap 'kill 0' EXIT INT TERM; \
-	$(PY) -m celery -A carousel worker -B --pool=solo --loglevel=WARNING & \
+	$(PY) -m celery -A carousel worker -B --pool=solo -Q celery,control,delivery --loglevel=WARNING & \
 	$(PY) manage.py runserver --noreload $(ADDR) & \
 	wait -n
 

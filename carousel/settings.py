@@ -135,6 +135,13 @@ else:
         "store_processed": False,
     }
 CELERY_TASK_IGNORE_RESULT = True
+# Cancels and releases never wait behind a cycle, and copies to users' file systems (which can
+# take minutes) never hold a cycle back: each kind has its queue, and production gives each a
+# worker of its own (docker-compose.yml). `make run`'s single worker consumes all three.
+CELERY_TASK_ROUTES = {
+    "carousel.tasks.withdraw": {"queue": "control"},
+    "carousel.tasks.deliver": {"queue": "delivery"},
+}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Beat ticks often and the cycle task decides from the control table whether a cycle is due,
 # so an operator's change of the cycle period applies without a restart.

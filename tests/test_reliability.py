@@ -48,7 +48,8 @@ class Worker:
 
     def start(self):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "carousel", "worker", "-B", "--pool=solo", "--loglevel=WARNING",
+            [sys.executable, "-m", "celery", "-A", "carousel", "worker", "-B", "--pool=solo",
+             "-Q", "celery,control,delivery", "--loglevel=WARNING",
              "-s", str(self.tmp_path / "beat-schedule")], env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def kill(self):

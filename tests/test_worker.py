@@ -19,7 +19,8 @@ def worker(transactional_db, tmp_path):
     env = dict(os.environ, DATABASE_URL=_test_database_url(), CAROUSEL_TICK_S="0.5",
                CAROUSEL_VAR_DIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "carousel", "worker", "-B", "--pool=solo",
-                             "--loglevel=WARNING", "-s", str(tmp_path / "beat-schedule")],
+                             "-Q", "celery,control,delivery", "--loglevel=WARNING",
+                             "-s", str(tmp_path / "beat-schedule")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     yield proc
     proc.terminate()
