@@ -67,6 +67,7 @@ def _work(*, now, stager, control, state, report):
     stager unreachable ends the cycle's work and marks it down; the next cycle probes."""
     try:
         report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch)
+        budget = disk_budget(stager=stager, control=control)
         sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)
     except PluginError as exc:
         # An operator's policy name that no longer resolves: submit nothing, say why.
@@ -74,10 +75,9 @@ def _work(*, now, stager, control, state, report):
         log.error(report.error)
         return state
     except Exception as exc:  # noqa: BLE001 - any failure of the backend is judged the same way
-        return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"locate: {exc}"), control=control)
+        return judge_stager(now=now, seen=h.Observation(reachable=False, error=str(exc)), control=control)
     if control.paused:
         return state
-    budget = disk_budget(stager=stager, control=control)
     if budget is not None and budget <= 0:
         report.error = f"disk buffer: no room below {control.disk_threshold:.0%} with what is on its way"
     else:

@@ -58,3 +58,40 @@ def test_the_control_row_is_editable(as_staff):
     control = Control.get()
     page = as_staff.get(f"/admin/carousel/control/{control.pk}/change/")
     assert page.status_code == 200 and b"Files per job (N)" in page.content
+
+
+def test_the_admin_shows_stager_health_the_limit_quarantined_tapes_and_the_retry_queue(as_staff, alice, now):
+    from datetime import timedelta
+
+    from carousel.loop import run_cycle
+    from tests.test_backpressure import Backend, control
+
+    control(jobs_in_flight=8, quarantine_failures=2, retry_cycle_s=900)
+    restore_submit(user=alice, now=now, paths=["/q/1", "/q/2"])
+    backend = Backend({"/q/1": ("TQ", 0), "/q/2": ("TQ", 10**9)})
+    run_cycle(now=now, stager=backend)
+    backend.file_state = {"/q/1": "failed:transient:medium error", "/q/2": "failed:transient:medium error"}
+    run_cycle(now=now + timedelta(seconds=60), stager=backend)
+    backend.down = True
+    run_cycle(now=now + timedelta(seconds=120), stager=backend)
+
+    health = as_staff.get("/admin/carousel/stagerhealth/").content.decode().lower()
+    assert "down" in health and "connection refused" in health
+    # All failed: halved from 8 to 4; then down: halved again, 4 remembered as the healthy limit.
+    assert '<td class="field-jobs_limit">2</td>' in health
+    assert '<td class="field-healthy_limit">4</td>' in health
+    tapes = as_staff.get("/admin/carousel/tape/", {"quarantined": "yes"}).content.decode()
+    assert "TQ" in tapes and "2 failures" in tapes
+    retries = as_staff.get("/admin/carousel/retryqueue/").content.decode()
+    assert "/q/1" in retries and "/q/2" in retries and "medium error" in retries
+
+
+def test_the_api_reports_stager_health(as_alice, alice, now):
+    from carousel.models import StagerHealth
+
+    StagerHealth.objects.update_or_create(id=1, defaults={"state": "stalled", "reason": "no progress",
+                                                          "jobs_limit": 3, "healthy_limit": 12})
+    body = as_alice.get("/api/v1/stager/").json()
+    assert body["state"] == "stalled" and body["reason"] == "no progress"
+    assert (body["jobs_limit"], body["healthy_limit"]) == (3, 12)
+    assert body["retry_queue"] == 0 and body["quarantined_tapes"] == []
