@@ -4,6 +4,7 @@ keep their state on disk, so every stage the broker ever asked for can be counte
 
 Killed with SIGKILL in the middle of cycles, again and again, or with Redis restarted under
 it, the broker loses no request and stages no file twice."""
+import contextlib
 import json
 import os
 import signal
@@ -50,10 +51,13 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "carousel", "worker", "-B", "--pool=solo",
              "-Q", "celery,control,delivery", "--loglevel=WARNING",
-             "-s", str(self.tmp_path / "beat-schedule")], env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+             "-s", str(self.tmp_path / "beat-schedule")], env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
 
     def kill(self):
-        self.proc.send_signal(signal.SIGKILL)
+        # The whole process group, as when a machine or container dies: the worker, the beat
+        # process it runs inside, and any site script it was waiting on.
+        os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
     def stop(self):
@@ -62,7 +66,9 @@ class Worker:
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
 
     def output(self):

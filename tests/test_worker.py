@@ -1,6 +1,8 @@
 """The loop wired for real: a Celery worker with embedded beat, on the Redis and PostgreSQL
 that `make test` started, drives requests to done with no test code calling the loop."""
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,13 +23,15 @@ def worker(transactional_db, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "carousel", "worker", "-B", "--pool=solo",
                              "-Q", "celery,control,delivery", "--loglevel=WARNING",
                              "-s", str(tmp_path / "beat-schedule")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     yield proc
     proc.terminate()
     try:
         proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # beat runs in a child process of its own
 
 
 def _test_database_url():
