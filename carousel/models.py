@@ -60,7 +60,19 @@ class ErrorClass(models.TextChoices):
     DELIVERY = "delivery"  # copying the staged file to its destination failed
 
 
-class Control(models.Model):
+class Singleton(models.Model):
+    """A table of one row (id 1), created on first use."""
+
+    class Meta:
+        abstract = True
+
+    @classmethod
+    def get(cls):
+        obj, _ = cls.objects.get_or_create(id=1)
+        return obj
+
+
+class Control(Singleton):
     """The one row operators edit to steer the loop; read at every cycle, so a change applies
     at the next one without a restart."""
 
@@ -115,11 +127,6 @@ class Control(models.Model):
     def __str__(self):
         return "Carousel control"
 
-    @classmethod
-    def get(cls):
-        obj, _ = cls.objects.get_or_create(id=1)
-        return obj
-
 
 class HealthState(models.TextChoices):
     HEALTHY = "healthy"
@@ -127,7 +134,7 @@ class HealthState(models.TextChoices):
     DOWN = "down"  # unreachable
 
 
-class StagerHealth(models.Model):
+class StagerHealth(Singleton):
     """What the loop has judged of the stager, written by the loop only (one row)."""
 
     state = models.CharField(max_length=16, choices=HealthState.choices, default=HealthState.HEALTHY)
@@ -150,11 +157,6 @@ class StagerHealth(models.Model):
 
     def __str__(self):
         return f"stager {self.state}"
-
-    @classmethod
-    def get(cls):
-        obj, _ = cls.objects.get_or_create(id=1)
-        return obj
 
 
 class Account(models.Model):
