@@ -62,6 +62,7 @@ def submit_in_phases(phase, user, body, now):
     from api.serializers import SubmitSerializer
     from carousel.models import (ACTIVE_STATES, Account, Bulk, BulkItem, Control, RequestState, RestoreRequest,
                                  path_key)
+    from carousel import db
     from carousel.paths import validate_paths
 
     with phase("DRF JSONParser"):
@@ -82,9 +83,9 @@ def submit_in_phases(phase, user, body, now):
         Account.objects.get_or_create(user=user)
         Account.objects.select_for_update().get(user=user)
         control = Control.get()
-    queryset = (RestoreRequest.objects.filter(path_key__in=keys, state__in=ACTIVE_STATES)
+    queryset = (RestoreRequest.objects.filter(db.in_keys("path_key", keys), state__in=ACTIVE_STATES)
                 .values_list("id", "user_id", "path_key", "state", "job_id", "submitted_at", "started_at"))
-    with phase("SELECT active: Django compiles IN (100k)"):
+    with phase("SELECT active: Django compiles it"):
         sql, params = queryset.query.get_compiler(using="default").as_sql()
     with connection.cursor() as cursor:
         with phase("SELECT active: psycopg + server"):
@@ -103,7 +104,8 @@ def submit_in_phases(phase, user, body, now):
         "submitted_at", "started_at"),
         ((user.id, group and group.id, p, k, 0, "", None, None, RequestState.QUEUED, 0, "", "", None,
           now, now, None, None) for p, k in zip(clean, keys)))
-    insert_in_phases(phase, "bulk items", BulkItem, ("bulk_id", "request_id"), ((bulk.id, i) for i in request_ids))
+    insert_in_phases(phase, "bulk items", BulkItem, ("bulk_id", "request_id"), ((bulk.id, i) for i in request_ids),
+                     ids=False)
     with phase("commit (deferred FK checks)"):
         connection.commit()
     transaction.set_autocommit(True)
@@ -112,24 +114,28 @@ def submit_in_phases(phase, user, body, now):
                                "shared": 0, "url": f"http://127.0.0.1/api/v1/bulks/{bulk.id}/"})
 
 
-def insert_in_phases(phase, label, model, columns, rows):
-    """carousel.db.insert_rows on PostgreSQL, its two halves timed apart."""
+def insert_in_phases(phase, label, model, columns, rows, ids=True):
+    """carousel.db.insert_rows on PostgreSQL, its halves timed apart."""
     from django.db import connection
 
     table, pk = model._meta.db_table, model._meta.pk.column
     with phase(f"{label}: building rows"):
         rows = list(rows)
+    cols = [model._meta.get_field(c).column for c in columns]
+    new_ids = []
     with connection.cursor() as cursor:
-        with phase(f"{label}: ids, nextval x100k"):
-            cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
-                           [table, pk, len(rows)])
-            ids = [r[0] for r in cursor.fetchall()]
+        if ids:
+            with phase(f"{label}: ids, nextval x100k"):
+                cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
+                               [table, pk, len(rows)])
+                new_ids = [r[0] for r in cursor.fetchall()]
+            cols = [pk, *cols]
+            rows = [(i, *row) for i, row in zip(new_ids, rows)]
         with phase(f"{label}: COPY"):
-            cols = ", ".join([pk, *(model._meta.get_field(c).column for c in columns)])
-            with cursor.cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-                for id_, row in zip(ids, rows):
-                    copy.write_row((id_, *row))
-    return ids
+            with cursor.cursor.copy(f"COPY {table} ({', '.join(cols)}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+    return new_ids
 
 
 def server_costs(database_url, user_id, paths, repeat):

@@ -1,4 +1,5 @@
 """Writes of the core domain. Views, tasks and commands call these and hold no logic."""
+import logging
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -75,7 +76,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         account = Account.objects.select_for_update().get(user=user)
         control = Control.get()
         active = list(
-            RestoreRequest.objects.filter(path_key__in=keys, state__in=ACTIVE_STATES)
+            RestoreRequest.objects.filter(db.in_keys("path_key", keys), state__in=ACTIVE_STATES)
             .values_list("id", "user_id", "path_key", "state", "job_id", "submitted_at", "started_at")
         )
         own = {}
@@ -114,7 +115,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         new_ids = db.insert_rows(RestoreRequest, columns, (row(p, k) for p, k in new))
         ids_by_key = dict(own)
         ids_by_key.update(zip((k for _, k in new), new_ids))
-        db.insert_rows(BulkItem, ("bulk_id", "request_id"), ((bulk.id, ids_by_key[k]) for k in keys))
+        db.insert_rows(BulkItem, ("bulk_id", "request_id"), ((bulk.id, ids_by_key[k]) for k in keys), ids=False)
     shared = sum(1 for _, k in new if k in in_flight)
     return SubmitResult(bulk=bulk, files=len(clean), created=len(new), existing=len(own), shared=shared)
 
@@ -151,3 +152,38 @@ def tape_lift_quarantine(*, queryset):
     """An operator puts quarantined tapes back in service; their queued requests go out again."""
     return queryset.filter(quarantined_at__isnull=False).update(
         quarantined_at=None, quarantine_reason="", recent_failures=0, failures_since=None)
+
+
+NOTICES_PER_CALL = 100
+
+
+def bulk_notify_complete(*, now):
+    """E-mail the owners of finished submissions that asked to be told (notify): finished
+    means none of the submission's requests is active any more. Each submission is claimed
+    (notified_at set) before its mail goes out, so two loops never send it twice; a mail that
+    could not be sent is unclaimed and tried again at the next call. Returns the mails sent."""
+    from django.core.mail import send_mail
+
+    from . import selectors
+
+    active = BulkItem.objects.filter(bulk=OuterRef("pk"), request__state__in=ACTIVE_STATES)
+    finished = Bulk.objects.filter(notify=True, notified_at__isnull=True).exclude(Exists(active))
+    sent = 0
+    for bulk in finished.select_related("user").order_by("created_at")[:NOTICES_PER_CALL]:
+        if not Bulk.objects.filter(pk=bulk.pk, notified_at__isnull=True).update(notified_at=now):
+            continue  # another process took it
+        if not bulk.user.email:
+            continue  # nobody to tell; claimed all the same, so it is not looked at again
+        counts = {state: n for state, n in selectors.state_counts(selectors.bulk_requests(bulk)).items() if n}
+        link = f"{getattr(settings, 'CAROUSEL_SITE_URL', '').rstrip('/')}/?bulk={bulk.id}"
+        body = (f"Your restore request of {bulk.files} file(s), submitted {bulk.created_at:%Y-%m-%d %H:%M} UTC, "
+                "is complete:\n\n" + "".join(f"  {state}: {n}\n" for state, n in counts.items())
+                + f"\nThe requests: {link}\nSubmission id: {bulk.id}\n")
+        try:
+            send_mail(f"Carousel: your restore of {bulk.files} file(s) is complete", body, None, [bulk.user.email])
+        except Exception as exc:  # noqa: BLE001 - any mail failure: unclaim, try again next time
+            Bulk.objects.filter(pk=bulk.pk).update(notified_at=None)
+            logging.getLogger("carousel.notice").warning("notice for submission %s not sent: %s", bulk.id, exc)
+            continue
+        sent += 1
+    return sent
