@@ -36,6 +36,7 @@ services:
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	command -v runuser >/dev/null || missing="$$missing util-linux"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; apt-get update -q && $(APT_INSTALL) $$missing; \
 	fi

@@ -23,8 +23,9 @@ def demo_accounts():
         GroupShare.objects.get_or_create(group=groups[name], defaults={"weight": weight})
     out = []
     for username, (group, staff) in DEMO_USERS.items():
-        user, created = User.objects.get_or_create(username=username, defaults={"is_staff": staff,
-                                                                                "is_superuser": staff})
+        # An address, so that completion notices show on the console under `make run`.
+        user, created = User.objects.get_or_create(username=username, defaults={
+            "is_staff": staff, "is_superuser": staff, "email": f"{username}@example.org"})
         if created:
             user.set_password(demo_password(username))
             user.save()

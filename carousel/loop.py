@@ -18,7 +18,7 @@ from .models import (
     RestoreRequest, StagerHealth, Tape, path_key,
 )
 from .plugins import PluginError
-from .services import request_cancel, request_transition
+from .services import bulk_notify_complete, request_cancel, request_transition
 from .stagers.base import JobSpec
 
 log = logging.getLogger("carousel.loop")
@@ -58,6 +58,7 @@ def run_cycle(*, now, stager=None):
             state = _work(now=now, stager=stager, control=control, state=state, report=report)
         report.health, report.jobs_limit = state.state, state.limit
         report.delivering = dispatch_deliveries(now=now, control=control)
+        bulk_notify_complete(now=now)
         Control.objects.filter(id=control.id).update(last_cycle_at=now, last_cycle_error=report.error)
         return report
 

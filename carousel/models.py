@@ -255,7 +255,10 @@ class Bulk(models.Model):
     notified_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["user", "-created_at"])]
+        indexes = [models.Index(fields=["user", "-created_at"]),
+                   # The loop's completion notices look only at submissions still to be told.
+                   models.Index(fields=["created_at"], name="bulk_notify_pending",
+                                condition=Q(notify=True, notified_at__isnull=True))]
 
     def __str__(self):
         return str(self.id)
@@ -284,7 +287,9 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["state"], name="job_open", condition=Q(state__in=["pending", "sent"]))]
+        indexes = [models.Index(fields=["state"], name="job_open", condition=Q(state__in=["pending", "sent"])),
+                   # The live page's mounts per hour read the jobs of the last hours.
+                   models.Index(fields=["sent_at"], name="job_sent_at")]
 
     def __str__(self):
         return f"job {self.id}"
@@ -405,3 +410,16 @@ class Transition(models.Model):
 
     def __str__(self):
         return f"{self.request_id}: {self.from_state} -> {self.to_state}"
+
+
+class HourlyStats(models.Model):
+    """Requests finished per hour, kept by a database trigger on every state change (like the
+    backlog counters), so the live page's plots read a dozen rows however long the history."""
+
+    hour = models.DateTimeField(primary_key=True)
+    files_done = models.BigIntegerField(default=0)
+    bytes_done = models.BigIntegerField(default=0)
+    errors = models.BigIntegerField(default=0, help_text="Requests failed or sent to retry.")
+
+    class Meta:
+        verbose_name_plural = "hourly stats"

@@ -1,11 +1,120 @@
+"""The pages. Views read a form, call a service or a selector, and render; nothing more."""
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.template.defaultfilters import filesizeformat
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseStopPolling
 
-from carousel import selectors
-from carousel.models import Control
+from carousel import selectors, services
+from carousel.exceptions import CarouselError
+from carousel.models import ACTIVE_STATES
+from carousel.tasks import withdraw_on_commit
+
+from . import charts
+from .forms import RequestFilter, RestoreForm, parse_ids
+
+PAGE_SIZE = 50
+ERRORS_SHOWN = 100
+LIVE_POLL_S = 3
 
 
 @login_required
-def home(request):
-    return render(request, "frontend/home.html", {"summary": selectors.queue_summary(user=request.user),
-                                                  "control": Control.get()})
+def requests_page(request):
+    form = RequestFilter(request.GET)
+    form.is_valid()  # a bad value is dropped from the filter, not an error page
+    data = form.cleaned_data
+    rows, next_after = selectors.request_page(user=request.user, state=form.states(), path=data.get("path"),
+                                              bulk=data.get("bulk"), after=data.get("after"), size=PAGE_SIZE)
+    ctx = selectors.queue_context(user=request.user, now=timezone.now())
+    outlooks = selectors.request_outlooks(rows, user=request.user, ctx=ctx)
+    query = request.GET.copy()
+    query.pop("after", None)
+    return render(request, "frontend/requests.html", {
+        "form": form, "rows": [(r, outlooks[r.id]) for r in rows], "ctx": ctx, "filtered": bool(query),
+        "next_query": _with(query, after=next_after) if next_after else "",
+        "first_query": query.urlencode() if data.get("after") else None,
+        "here": request.get_full_path(), "active_states": ACTIVE_STATES,
+    })
+
+
+def _with(query, **params):
+    query = query.copy()
+    for key, value in params.items():
+        query[key] = value
+    return query.urlencode()
+
+
+@login_required
+@require_POST
+def cancel(request):
+    ids = parse_ids(request.POST.getlist("cancel_one") or request.POST.getlist("ids"))
+    if ids:
+        count, pairs = services.request_cancel(queryset=selectors.visible_requests(request.user).filter(pk__in=ids),
+                                               now=timezone.now())
+        withdraw_on_commit(pairs)
+        messages.success(request, f"{count} request(s) cancelled." if count else
+                         "Nothing cancelled: the selected requests had already finished.")
+    else:
+        messages.warning(request, "Select the requests to cancel first.")
+    back = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+        back = reverse("frontend:requests")
+    return redirect(back)
+
+
+@login_required
+def restore(request):
+    form = RestoreForm(request.POST or None, request.FILES or None, has_email=bool(request.user.email))
+    context = {"form": form}
+    if request.method != "POST" or not form.is_valid():
+        return render(request, "frontend/restore.html", context, status=400 if form.errors else 200)
+    paths, lines, errors = form.read_paths()
+    if errors:
+        context.update(detail=f"{len(errors)} line(s) of the file are not UTF-8 text; nothing was stored.",
+                       errors=errors[:ERRORS_SHOWN], hidden=len(errors) - ERRORS_SHOWN)
+        return render(request, "frontend/restore.html", context, status=400)
+    try:
+        result = services.restore_submit(user=request.user, now=timezone.now(), paths=paths, **form.options())
+    except CarouselError as exc:
+        # Line numbers of the text as the user gave it, blank lines included.
+        shown = [{**e, "line": lines[e["index"]]} for e in exc.errors[:ERRORS_SHOWN]]
+        context.update(detail=exc.detail, errors=shown, hidden=len(exc.errors) - len(shown))
+        return render(request, "frontend/restore.html", context, status=exc.status)
+    parts = [f"{result.created} new request(s) queued"]
+    if result.existing:
+        parts.append(f"{result.existing} already active (yours, kept as they are)")
+    if result.shared:
+        parts.append(f"{result.shared} joined a restore already under way for another user")
+    messages.success(request, f"Submitted {result.files} file(s): {'; '.join(parts)}.")
+    return redirect(f"{reverse('frontend:requests')}?bulk={result.bulk.id}")
+
+
+def _live_context():
+    figures = selectors.live_figures(now=timezone.now())
+    hours = [row["hour"].strftime("%H:00") for row in figures.series]
+
+    def series(key):
+        return [row[key] for row in figures.series]
+
+    return {
+        "f": figures, "poll_s": LIVE_POLL_S, "jobs_shown": selectors.JOBS_SHOWN,
+        "charts": [charts.bar_chart("Files restored per hour", hours, series("files")),
+                   charts.bar_chart("Bytes restored per hour", hours, series("bytes"), fmt=filesizeformat),
+                   charts.bar_chart("Mounts per hour", hours, series("mounts")),
+                   charts.bar_chart("Errors per hour (failed or retried)", hours, series("errors"))],
+    }
+
+
+@login_required
+def live(request):
+    return render(request, "frontend/live.html", _live_context())
+
+
+def live_fragment(request):
+    if not request.user.is_authenticated:
+        return HttpResponseStopPolling()  # the session ended: stop polling instead of swapping in a login page
+    return render(request, "frontend/_live.html", _live_context())

@@ -1,0 +1,96 @@
+"""The pages' forms. Paths themselves are checked by the service (carousel/paths.py), as for
+the API; these forms only read them and the options."""
+from datetime import timedelta
+
+from django import forms
+from django.conf import settings
+
+from carousel.models import ACTIVE_STATES, RequestState
+
+
+def read_lines(lines, *, limit):
+    """The non-blank lines of `lines` (str or UTF-8 bytes, line endings kept or not), stripped:
+    (paths, line numbers counted from 1, errors). Stops after `limit` paths, enough for the
+    service to refuse a list that is too long without reading all of it."""
+    paths, numbers, errors = [], [], []
+    for number, line in enumerate(lines, 1):
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError:
+                errors.append({"line": number, "path": line[:200].decode("utf-8", "replace"),
+                               "message": "not UTF-8 text"})
+                continue
+        line = line.strip()
+        if line:
+            paths.append(line)
+            numbers.append(number)
+            if len(paths) > limit:
+                break
+    return paths, numbers, errors
+
+
+class RestoreForm(forms.Form):
+    paths = forms.CharField(label="Paths, one per line", required=False, strip=False,
+                            widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "autocomplete": "off"}))
+    file = forms.FileField(label="… or a file listing them, one per line", required=False)
+    destination = forms.CharField(label="Destination (optional)", required=False, max_length=4096,
+                                  help_text="Where the restored files are copied; empty: they stay where "
+                                            "the tape system puts them.")
+    pin_hours = forms.FloatField(label="Keep on disk for (hours, optional)", required=False, min_value=0.01,
+                                 max_value=24 * 365)
+    deadline = forms.DateTimeField(label="Give up after (UTC, optional)", required=False,
+                                   input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M"],
+                                   widget=forms.DateTimeInput(attrs={"type": "datetime-local"},
+                                                              format="%Y-%m-%dT%H:%M"),
+                                   help_text="Requests not restored by then are expired.")
+    notify = forms.BooleanField(label="E-mail me when the whole submission is finished", required=False)
+
+    def __init__(self, *args, has_email=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not has_email:
+            self.fields["notify"].help_text = ("Your account has no e-mail address: ask an operator to add one, "
+                                               "or the notice has nowhere to go.")
+
+    def clean(self):
+        data = super().clean()
+        if data.get("paths", "").strip() and data.get("file"):
+            raise forms.ValidationError("Paste paths or choose a file, not both.")
+        if not data.get("paths", "").strip() and not data.get("file"):
+            raise forms.ValidationError("Paste at least one path, or choose a file listing them.")
+        if "\x00" in data.get("destination", ""):
+            self.add_error("destination", "contains a NUL byte")
+        return data
+
+    def read_paths(self):
+        """(paths, line numbers, errors) from the text or the uploaded file, which is read
+        line by line from wherever Django spooled it, never whole into memory as text."""
+        limit = settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION
+        upload = self.cleaned_data.get("file")
+        return read_lines(upload if upload else self.cleaned_data["paths"].splitlines(), limit=limit)
+
+    def options(self):
+        data = self.cleaned_data
+        hours = data.get("pin_hours")
+        return {"destination": data.get("destination", ""), "deadline": data.get("deadline"),
+                "pin_lifetime": timedelta(hours=hours) if hours else None, "notify": data.get("notify", False)}
+
+
+class RequestFilter(forms.Form):
+    state = forms.ChoiceField(label="State", required=False,
+                              choices=[("", "any"), ("active", "active (not finished)"), *RequestState.choices])
+    path = forms.CharField(label="Path contains", required=False, max_length=4096)
+    bulk = forms.UUIDField(required=False, widget=forms.HiddenInput)
+    after = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+    def states(self):
+        state = self.cleaned_data.get("state")
+        if state == "active":
+            return list(ACTIVE_STATES)
+        return [state] if state else None
+
+
+def parse_ids(values):
+    """Request ids from form values, ignoring anything that is not one."""
+    return [int(v) for v in values if v.isdigit()]
+

@@ -1,0 +1,52 @@
+"""Formatting for the pages: durations, estimate ranges, shares."""
+from django import template
+
+register = template.Library()
+
+_UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+
+
+@register.filter
+def duration(seconds):
+    """A span of seconds in its two largest units: "2 h 5 min", "40 s"."""
+    if seconds is None:
+        return ""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    parts = []
+    for unit, size in _UNITS:
+        n, seconds = divmod(seconds, size)
+        if n or parts:
+            parts.append(f"{n} {unit}")
+        if len(parts) == 2:
+            break
+    return " ".join(p for p in parts if not p.startswith("0 ")) or "0 s"
+
+
+@register.filter
+def eta(span):
+    """An estimate (low, high) in seconds: "5 min – 1 h 2 min", "more than 5 min"; "" for None."""
+    if not span:
+        return ""
+    low, high = span
+    if high is None:
+        return f"more than {duration(low)}" if low >= 1 else "unknown"
+    if high < 60:
+        return "within a minute"
+    if low < 1:
+        return f"within {duration(high)}"
+    return f"{duration(low)} – {duration(high)}"
+
+
+@register.filter
+def percent(fraction):
+    if fraction is None:
+        return ""
+    return f"{fraction:.0%}" if fraction >= 0.01 or fraction == 0 else "<1%"
+
+
+@register.filter
+def per_hour(rate):
+    """A rate per second as a whole number an hour."""
+    return f"{rate * 3600:,.0f}"
