@@ -373,7 +373,7 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job):
         files = list(dict.fromkeys(claimed[c.id] for c in in_read_order(candidates, tapes)))
         for start in range(0, len(files), files_per_job):
             part = files[start:start + files_per_job]
-            job = Job(tape_id=tape_id, files=len(part), created_at=now)
+            job = Job(tape_id=tape_id, files=len(part), created_at=now, rank=len(jobs))
             jobs.append((job, part))
             job_of_key.update((key, job.id) for _, key in part)
     if not jobs:
@@ -390,7 +390,7 @@ def send_jobs(*, now, stager):
     """Send every committed, unacknowledged job. A job left pending by a crash is sent again
     with the same id, which the stager treats as the same job. Returns the error that stopped
     sending, or ""."""
-    for job in Job.objects.filter(state=JobState.PENDING).select_related("tape").order_by("created_at"):
+    for job in Job.objects.filter(state=JobState.PENDING).select_related("tape").order_by("created_at", "rank"):
         spec = _spec(job)
         if not spec.paths:
             Job.objects.filter(id=job.id).update(state=JobState.CANCELLED, finished_at=now)

@@ -282,6 +282,8 @@ class Job(models.Model):
     backend_id = models.CharField(max_length=128, blank=True)
     files = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
+    # The policies' order among the jobs of one cycle: they are sent in it.
+    rank = models.PositiveIntegerField(default=0)
     sent_at = models.DateTimeField(null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
