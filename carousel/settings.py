@@ -157,8 +157,11 @@ CAROUSEL_STAGERS = {
     "hpss": "carousel.stagers.hpss.HpssStager",
     "tape-rest": "carousel.stagers.tape_rest.TapeRestStager",
     "command": "carousel.stagers.command.CommandStager",
+    "simulated": "carousel.stagers.simulated.SimulatedStager",
 }
-CAROUSEL_STAGER = os.environ.get("CAROUSEL_STAGER", "immediate")
+# The simulated tape library is the embedded default: `make run` shows tapes mounting and
+# files staging with no tape system behind it (options: speedup, drives, media, tapes).
+CAROUSEL_STAGER = os.environ.get("CAROUSEL_STAGER", "simulated")
 CAROUSEL_SORT_POLICIES = {
     "NONE": "policies.sorting.Fifo",
     "TAPEID": "policies.sorting.TapeId",

@@ -26,6 +26,14 @@ def _eager_celery(settings):
     app.conf.task_always_eager = False
 
 
+@pytest.fixture(autouse=True)
+def _immediate_stager(settings):
+    # Tests that run the loop without naming a stager get the one that restores at the next
+    # poll; the simulated library is tested where it is the point (test_library, test_replay,
+    # the real worker of test_worker).
+    settings.CAROUSEL_STAGER = "immediate"
+
+
 @pytest.fixture
 def now():
     return timezone.now()

@@ -1,0 +1,341 @@
+"""Replay a workload (carousel/workload.py) against the simulated library (carousel/library.py).
+
+- replay_broker(): the real broker. Users, groups and caps from the workload; requests enter
+  through services.restore_submit at their arrival time; carousel.loop.run_cycle runs with the
+  simulated stager on a simulated clock, every cycle_s. It runs in the current database, which
+  must hold no requests (a throwaway one: the `simulate` command makes it). To be fast, the clock
+  skips ahead to the next cycle at which something can change: an arrival, a file's state in the
+  library, a time limit of the loop (retry, deadline, maximum wait, stall), or work the last
+  cycle left for the next one.
+- replay_baseline(): `direct` and `eradat` of workloads/README.md, driving the same library
+  without the broker (no database).
+
+Both return an Outcome; report() turns one into the JSON of workloads/README.md and checks the
+makespan against the lower bound, loudly.
+"""
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from .library import Library
+from .lowerbound import lower_bound
+
+EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
+BASELINES = ("direct", "eradat")
+# Control fields a replay may set (the rest keep their shipped defaults).
+CONTROL_FIELDS = ("sort_policy", "share_policy", "files_per_job", "jobs_in_flight", "cycle_s", "default_user_cap",
+                  "default_group_cap", "max_wait_s", "mount_min_files", "mount_min_bytes", "mount_max_wait_s",
+                  "policy_params")
+MAX_SIMULATED_S = 60 * 86400.0
+
+
+class ReplayError(RuntimeError):
+    pass
+
+
+@dataclass
+class Outcome:
+    library: Library
+    start: float  # the first arrival, simulated seconds
+    requests: list  # (user, arrival s, restored s or None, path), one per request
+    policy: dict
+    baseline: str | None = None
+    cycles: int = 0
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def new_library(workload):
+    return Library(drives=workload.drives, read_rate_mb_s=workload.read_rate_mb_s, robots=workload.robots,
+                   exchange_s=workload.exchange_s, now=workload.requests[0].t)
+
+
+def _arrivals(workload):
+    """[(t, user, [paths])] in arrival order: one submission per user and instant."""
+    batches = {}
+    for r in workload.requests:
+        batches.setdefault((r.t, r.user), []).append(r.path)
+    return [(t, user, paths) for (t, user), paths in batches.items()]
+
+
+# Baselines ----------------------------------------------------------------------------------
+
+def replay_baseline(workload, kind):
+    """`direct`: every request a one-file job the moment it arrives. `eradat`: at the start one
+    job per tape, its files by offset, longest tape (bytes) first; later requests as one-file
+    jobs at once."""
+    if kind not in BASELINES:
+        raise ReplayError(f"unknown baseline {kind!r}; known: {', '.join(BASELINES)}")
+    began = time.perf_counter()
+    library = new_library(workload)
+    start = workload.requests[0].t
+    job_of = []  # per request, in workload.requests order
+    sends = []  # (t, job id, [File])
+    if kind == "direct":
+        for i, r in enumerate(workload.requests):
+            sends.append((r.t, f"r{i}", [workload.files[r.path]]))
+            job_of.append(f"r{i}")
+    else:
+        per_tape, later = {}, []
+        for i, r in enumerate(workload.requests):
+            if r.t == start:
+                file = workload.files[r.path]
+                per_tape.setdefault(file.tape, {})[r.path] = file
+                job_of.append(f"tape-{file.tape}")
+            else:
+                sends_at = f"r{i}"
+                later.append((r.t, sends_at, [workload.files[r.path]]))
+                job_of.append(sends_at)
+        tapes = sorted(per_tape.items(), key=lambda kv: (-sum(f.size for f in kv[1].values()), kv[0]))
+        for tape, files in tapes:
+            sends.append((start, f"tape-{tape}", sorted(files.values(), key=lambda f: f.offset)))
+        sends.extend(later)
+    for t, job, files in sends:
+        library.advance(t)
+        library.submit(job, files)
+    drain(library)
+    read_at = {(job, path): t for t, job, path, _ in library.reads}
+    requests = [(r.user, r.t, read_at.get((job, r.path)), r.path) for r, job in zip(workload.requests, job_of)]
+    return Outcome(library=library, start=start, requests=requests, policy=dict.fromkeys(
+        ("sort", "share", "files_per_job", "jobs_in_flight", "cycle_s")), baseline=kind,
+        wall_s=time.perf_counter() - began)
+
+
+def drain(library):
+    while (moment := library.next_event()) is not None:
+        library.advance(moment)
+
+
+# The broker ---------------------------------------------------------------------------------
+
+def setup_database(workload, control):
+    """Users, groups, shares and caps of the workload, and the control row; returns
+    {username: User}."""
+    from django.contrib.auth.models import Group, User
+
+    from .models import Account, Control, GroupShare
+
+    unknown = sorted(set(control) - set(CONTROL_FIELDS))
+    if unknown:
+        raise ReplayError(f"unknown control fields {unknown}; known: {', '.join(CONTROL_FIELDS)}")
+    row = Control.get()
+    for name, value in control.items():
+        setattr(row, name, value)
+    row.save()
+    groups = {}
+    for name, weight in workload.groups.items():
+        groups[name], _ = Group.objects.get_or_create(name=name)
+        GroupShare.objects.update_or_create(group=groups[name], defaults={"weight": weight})
+    users = {}
+    for name, spec in workload.users.items():
+        users[name], _ = User.objects.get_or_create(username=name)
+        group = groups.get(spec.group)
+        if group:
+            users[name].groups.add(group)
+        Account.objects.update_or_create(user=users[name], defaults={"group": group, "inflight_cap": spec.cap})
+    return users
+
+
+def replay_broker(workload, *, control=None, progress=None):
+    """Run the real loop over the workload in the current (empty) database."""
+    from .loop import run_cycle
+    from .models import ACTIVE_STATES, Control, RestoreRequest
+    from .services import restore_submit
+    from .stagers.simulated import SimulatedStager
+
+    began = time.perf_counter()
+    if RestoreRequest.objects.exists():
+        raise ReplayError("the database already holds requests: a replay needs an empty, throwaway database")
+    users = setup_database(workload, control or {})
+    row = Control.get()
+    period = row.cycle_s
+    library = new_library(workload)
+    start = workload.requests[0].t
+    clock = [start]
+    stager = SimulatedStager(library=library, files=workload.files, clock=lambda: clock[0])
+    arrivals = _arrivals(workload)
+    next_arrival = 0
+    cycle = cycles = 0
+    while True:
+        now = start + cycle * period
+        while next_arrival < len(arrivals) and arrivals[next_arrival][0] <= now:
+            t, user, paths = arrivals[next_arrival]
+            restore_submit(user=users[user], paths=paths, now=EPOCH + timedelta(seconds=t))
+            next_arrival += 1
+        clock[0] = now
+        report = run_cycle(now=EPOCH + timedelta(seconds=now), stager=stager)
+        cycles += 1
+        if report.skipped:
+            raise ReplayError("the cycle was skipped: another process holds the loop's lock on this database")
+        if progress:
+            progress(now, report)
+        pending_arrivals = next_arrival < len(arrivals)
+        if not pending_arrivals and not RestoreRequest.objects.filter(state__in=ACTIVE_STATES).exists():
+            break
+        if report.located or report.submitted or report.requeued or report.expired:
+            wake = now + period  # the loop may have more to do at once (locate batches, slots)
+        else:
+            candidates = [_loop_deadline(row, now)]
+            if pending_arrivals:
+                candidates.append(arrivals[next_arrival][0])
+            candidates = [c for c in candidates if c is not None]
+            candidates.append(next_change(library, horizon=min(candidates, default=math.inf)))
+            candidates = [c for c in candidates if c is not None]
+            if not candidates:
+                active = RestoreRequest.objects.filter(state__in=ACTIVE_STATES).count()
+                raise ReplayError(f"the replay is stuck at {now:.0f} s: {active} requests are active, the library "
+                                  "is idle and nothing the loop waits for is due (paused? held back for good?)")
+            wake = min(candidates)
+        cycle = max(cycle + 1, math.ceil((wake - start) / period - 1e-9))
+        if cycle * period > MAX_SIMULATED_S:
+            raise ReplayError(f"the replay passed {MAX_SIMULATED_S / 86400:.0f} simulated days; giving up")
+    drain(library)
+    requests = []
+    for username, created, finished, state, path in RestoreRequest.objects.values_list(
+            "user__username", "created_at", "finished_at", "state", "path").order_by("id"):
+        restored = (finished - EPOCH).total_seconds() if state == "done" else None
+        requests.append((username, (created - EPOCH).total_seconds(), restored, path))
+    policy = {"sort": row.sort_policy, "share": row.share_policy, "files_per_job": row.files_per_job,
+              "jobs_in_flight": row.jobs_in_flight, "cycle_s": row.cycle_s}
+    return Outcome(library=library, start=start, requests=requests, policy=policy, cycles=cycles,
+                   wall_s=time.perf_counter() - began)
+
+
+def next_change(library, *, horizon):
+    """Run the library on to its next event that changes a file's state (the loop would see it),
+    up to `horizon`; return that event's time, or None. Nothing is sent to the library between
+    two cycles, so running it ahead of the clock changes nothing it does."""
+    seen = library.changes
+    while (moment := library.next_event()) is not None and moment <= horizon:
+        library.advance(moment)
+        if library.changes != seen:
+            return moment
+    return None
+
+
+def _loop_deadline(row, now):
+    """The next moment a time limit of the loop may change what it does, or None: a retry
+    coming due, a deadline, a queued request reaching the maximum wait (or the worth-mounting
+    wait), jobs in flight reaching the stall time."""
+    from django.db.models import Max, Min
+
+    from .models import ACTIVE_STATES, Job, JobState, RequestState, RestoreRequest
+
+    moments = []
+    retry = RestoreRequest.objects.filter(state=RequestState.RETRY).aggregate(m=Min("retry_at"))["m"]
+    deadline = RestoreRequest.objects.filter(state__in=ACTIVE_STATES, deadline__isnull=False).aggregate(
+        m=Min("deadline"))["m"]
+    moments += [m for m in (retry, deadline) if m]
+    oldest = RestoreRequest.objects.filter(state=RequestState.QUEUED).aggregate(m=Min("created_at"))["m"]
+    if oldest:
+        for wait in (row.max_wait_s, row.mount_max_wait_s):
+            if wait > 0:
+                moments.append(oldest + timedelta(seconds=wait))
+    progress = Job.objects.filter(state=JobState.SENT).aggregate(m=Max("progress_at"))["m"]
+    if progress:
+        moments.append(progress + timedelta(seconds=row.stall_after_s))
+    seconds = [(m - EPOCH).total_seconds() for m in moments]
+    later = [s for s in seconds if s > now]
+    return min(later, default=None)
+
+
+# The report ---------------------------------------------------------------------------------
+
+def percentile(values, q):
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    low = math.floor(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def group_shares(workload, requests):
+    """group -> fraction of the files restored while every group still had work pending."""
+    group_of = {name: spec.group for name, spec in workload.users.items()}
+    groups = sorted({group_of[u] for u, _, _, _ in requests}, key=str)
+    events = []
+    for user, arrived, restored, _ in requests:
+        events.append((arrived, 0, group_of[user]))
+        if restored is not None:
+            events.append((restored, 1, group_of[user]))
+    pending = dict.fromkeys(groups, 0)
+    counted = dict.fromkeys(groups, 0)
+    for _, kind, group in sorted(events, key=lambda e: (e[0], e[1])):
+        if kind == 0:
+            pending[group] += 1
+        else:
+            if all(pending[g] > 0 for g in groups):
+                counted[group] += 1
+            pending[group] -= 1
+    total = sum(counted.values())
+    return {g: (counted[g] / total if total else None) for g in groups}
+
+
+def report(workload, outcome, bound=None):
+    """The report of workloads/README.md (plus extras). Raises ReplayError when the makespan
+    lies below the lower bound: the model or the bound is wrong."""
+    bound = bound or lower_bound(workload)
+    library = outcome.library
+    start = outcome.start
+    last_read = max((t for t, _, _, _ in library.reads), default=start)
+    makespan = last_read - start
+    done = [r for r in outcome.requests if r[2] is not None]
+    restored_paths = {r[3] for r in done}
+    restored_bytes = sum(workload.files[p].size for p in restored_paths)
+    drives = sum(workload.drives.values())
+    if makespan < bound.seconds * (1 - 1e-9):
+        raise ReplayError(f"{workload.name}: makespan {makespan:.1f} s is below the lower bound {bound.seconds:.1f} s "
+                          f"({bound.binding}): the simulator or the bound is wrong")
+    users = {}
+    for name in workload.users:
+        mine = [r for r in outcome.requests if r[0] == name]
+        if not mine:
+            continue
+        waits = [r[2] - r[1] for r in mine if r[2] is not None]
+        users[name] = {"requests": len(mine), "wait_p50_s": percentile(waits, 0.5),
+                       "wait_p95_s": percentile(waits, 0.95), "wait_max_s": max(waits, default=None)}
+    group_of = {name: spec.group for name, spec in workload.users.items()}
+    shares = group_shares(workload, outcome.requests)
+    groups = {}
+    for group in shares:
+        mine = [r for r in outcome.requests if group_of[r[0]] == group]
+        paths = {r[3] for r in mine if r[2] is not None}
+        groups[group] = {"requests": len(mine), "bytes": sum(workload.files[p].size for p in paths),
+                         "share": shares[group]}
+    group_waits = {}
+    for group in shares:
+        maxima = [u["wait_max_s"] for name, u in users.items() if group_of[name] == group]
+        done_maxima = [m for m in maxima if m is not None]
+        group_waits[group] = {"users": len(maxima), "users_wait_max_p95_s": percentile(done_maxima, 0.95),
+                              "wait_max_s": max(done_maxima, default=None),
+                              "users_within_1800_s": sum(1 for m in done_maxima if m <= 1800)}
+    tapes = len(workload.requested_files())
+    return {
+        "workload": workload.name,
+        "policy": outcome.policy,
+        "baseline": outcome.baseline,
+        "makespan_s": makespan,
+        "lower_bound_s": bound.seconds,
+        "mounts": library.mounts,
+        "tapes": tapes,
+        "bytes": restored_bytes,
+        "files_done": len(done),
+        "files_failed": sum(1 for r in outcome.requests if r[2] is None),
+        "throughput_mb_s": restored_bytes / makespan / 1e6 if makespan > 0 else None,
+        "drive_busy_fraction": library.busy_seconds(until=last_read) / (drives * makespan) if makespan > 0 else None,
+        "users": users,
+        "groups": groups,
+        "wall_s": outcome.wall_s,
+        # Extras.
+        "ratio_to_bound": makespan / bound.seconds if bound.seconds else None,
+        "lower_bound_parts": bound.parts,
+        "mounts_per_tape": library.mounts / tapes if tapes else None,
+        "cycles": outcome.cycles,
+        # Per group: how the users' longest waits spread (the storm target reads these).
+        "group_waits": group_waits,
+        **outcome.extra,
+    }

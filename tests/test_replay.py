@@ -1,0 +1,224 @@
+import copy
+import gzip
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from carousel import plugins
+from carousel.loop import run_cycle
+from carousel.lowerbound import lower_bound
+from carousel.models import Control, RestoreRequest
+from carousel.replay import ReplayError, replay_baseline, replay_broker, report
+from carousel.services import restore_submit
+from carousel.stagers import simulated
+from carousel.stagers.base import JobSpec
+from carousel.stagers.simulated import SimulatedStager, synthetic_location
+from carousel.tape import GB
+from carousel.workload import WorkloadError, load, parse
+
+WORKLOADS = Path(__file__).resolve().parent / "workloads"  # copies of ../shared/workloads
+README_KEYS = {"workload", "policy", "baseline", "makespan_s", "lower_bound_s", "mounts", "tapes", "bytes",
+               "files_done", "files_failed", "throughput_mb_s", "drive_busy_fraction", "users", "groups", "wall_s"}
+
+
+def small():
+    """Two groups, three users, four LTO-8 tapes on two drives; an analyst arrives late."""
+    tapes = []
+    for t in range(4):
+        files = [[f"/data/T{t}/f{i}", 2 * GB, (i * 97 % 40) * 60 * GB] for i in range(5)]
+        tapes.append({"label": f"T{t}", "media": "LTO-8", "used_bytes": 11_000 * GB, "files": files})
+    requests = [{"t": 0, "user": "charlie", "path": f"/data/T{t}/f{i}"} for t in range(3) for i in range(5)]
+    requests += [{"t": 30, "user": "alice", "path": "/data/T3/f0"}, {"t": 30, "user": "alice", "path": "/data/T3/f1"},
+                 {"t": 45.5, "user": "bob", "path": "/data/T3/f2"}]
+    return {"format": "carousel-workload/1", "name": "small", "library": {"drives": {"LTO-8": 2}},
+            "groups": {"production": {"weight": 3}, "analysis": {"weight": 1}},
+            "users": {"charlie": {"group": "production", "cap": 100}, "alice": {"group": "analysis"},
+                      "bob": {"group": "analysis", "cap": 2}},
+            "tapes": tapes, "requests": requests}
+
+
+def broken(change):
+    data = small()
+    change(data)
+    return data
+
+
+MALFORMED = [
+    (lambda d: d.pop("format"), "format: expected 'carousel-workload/1'"),
+    (lambda d: d.pop("tapes"), "tapes: missing"),
+    (lambda d: d["library"].update(drives=["LTO-8"]), "library.drives: expected an object"),
+    (lambda d: d["library"].update(drives={"LTO-3": 2}), "library.drives.LTO-3: unknown technology"),
+    (lambda d: d["library"].update(robots=0), "library.robots: must be greater than 0"),
+    (lambda d: d["tapes"][1].update(media="LTO-9"), "tapes[1].media: no drive reads LTO-9"),
+    (lambda d: d["tapes"][0]["files"][2].__setitem__(1, -5), "tapes[0].files[2][1] (size_bytes): must be at least 0"),
+    (lambda d: d["tapes"][0]["files"].__setitem__(0, ["/x", 1]), "tapes[0].files[0]: expected [path, size_bytes"),
+    (lambda d: d["tapes"][2]["files"][0].__setitem__(2, 10_999 * GB), "tapes[2].files[0]: ends at byte"),
+    (lambda d: d["tapes"][1]["files"].append(["/data/T0/f0", 1, 0]), "tapes[1].files[5][0] (path): '/data/T0/f0' "
+                                                                     "is also on tape T0"),
+    (lambda d: d["users"]["bob"].update(group="physics"), "users.bob.group: 'physics' is not in groups"),
+    (lambda d: d["requests"][0].update(user="mallory"), "requests[0].user: 'mallory' is not in users"),
+    (lambda d: d["requests"][1].update(path="/nowhere"), "requests[1].path: '/nowhere' is on no tape"),
+    (lambda d: d["requests"][2].pop("t"), "requests[2].t: missing"),
+    (lambda d: d["requests"][2].update(t="soon"), "requests[2].t: expected a number"),
+    (lambda d: d.update(requests=[]), "requests: empty"),
+]
+
+
+@pytest.mark.parametrize("change,message", MALFORMED)
+def test_it_rejects_a_malformed_workload_naming_the_key(change, message):
+    with pytest.raises(WorkloadError) as caught:
+        parse(broken(change))
+    assert message in str(caught.value)
+
+
+def test_the_command_rejects_a_malformed_file_naming_the_key(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(broken(lambda d: d["requests"][0].update(user="mallory"))))
+    with pytest.raises(CommandError, match=r"requests\[0\]\.user: 'mallory' is not in users"):
+        call_command("simulate", str(path), "--baseline", "direct")
+    path.write_text(json.dumps(small()))
+    with pytest.raises(CommandError, match="--sort: 'BOGUS' is not in CAROUSEL_SORT_POLICIES"):
+        call_command("simulate", str(path), "--sort", "BOGUS")
+    path.write_text("{not json")
+    with pytest.raises(CommandError, match="not JSON"):
+        call_command("simulate", str(path))
+
+
+@pytest.mark.parametrize("name", ["bnl-704.json", "pic-lto4-full.json", "pic-lto4-alternate.json",
+                                  "pic-lto4-far.json", "storm.json.gz"])
+def test_it_reads_every_shipped_workload(name):
+    w = load(WORKLOADS / name)
+    assert w.requests and lower_bound(w).seconds > 0
+
+
+@pytest.mark.parametrize("name,measured", [("full", 72.6), ("alternate", 40.8), ("far", 29.2)])
+def test_the_lto4_model_reproduces_pics_overall_rates(name, measured):
+    # PIC read its files in logical order in one mount: the eradat baseline does exactly that.
+    # (The broker reads in the locate model's order, faster than PIC did on scattered files.)
+    w = load(WORKLOADS / f"pic-lto4-{name}.json")
+    rate = report(w, replay_baseline(w, "eradat"))["throughput_mb_s"]
+    assert rate == pytest.approx(measured, rel=0.15)
+
+
+def test_direct_sends_each_request_alone_and_eradat_one_job_per_tape():
+    w = parse(small())
+    direct, eradat = replay_baseline(w, "direct"), replay_baseline(w, "eradat")
+    assert len(direct.library.jobs) == 18
+    # At the start, one job per tape, longest first, files by offset; the late ones alone.
+    assert list(eradat.library.jobs)[:3] == ["tape-T0", "tape-T1", "tape-T2"] and len(eradat.library.jobs) == 6
+    first = [p for _, job, p, _ in eradat.library.reads if job == "tape-T0"]
+    assert first == sorted(first, key=lambda p: w.files[p].offset)
+
+
+def test_the_broker_replays_through_the_real_loop(db):
+    w = parse(small())
+    outcome = replay_broker(w, control={"files_per_job": 4})
+    result = report(w, outcome)
+    assert README_KEYS <= set(result)
+    assert result["baseline"] is None and result["policy"]["files_per_job"] == 4
+    assert result["policy"]["sort"] == Control._meta.get_field("sort_policy").default
+    assert result["files_done"] == 18 and result["files_failed"] == 0
+    assert result["tapes"] == 4 and result["mounts"] >= 4
+    assert result["makespan_s"] >= result["lower_bound_s"]
+    assert result["users"]["bob"]["requests"] == 1 and result["users"]["alice"]["wait_max_s"] > 0
+    assert set(result["groups"]) == {"production", "analysis"}
+    assert RestoreRequest.objects.filter(state="done").count() == 18
+    # Bob's cap and the groups' weights came from the workload.
+    assert Control.get().files_per_job == 4
+
+
+def test_the_broker_refuses_a_database_with_requests(db, alice, now):
+    restore_submit(user=alice, now=now, paths=["/x"])
+    with pytest.raises(ReplayError, match="empty"):
+        replay_broker(parse(small()))
+
+
+def test_a_makespan_below_the_bound_fails_loudly():
+    w = parse(small())
+    outcome = replay_baseline(w, "direct")
+    outcome.library.reads = [(0.0, *read[1:]) for read in outcome.library.reads]
+    with pytest.raises(ReplayError, match="below the lower bound"):
+        report(w, outcome)
+
+
+def test_the_command_replays_a_gzipped_baseline_with_report_and_plots(tmp_path):
+    path = tmp_path / "small.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump(small(), handle)
+    call_command("simulate", str(path), "--baseline", "eradat", "--report", str(tmp_path / "r.json"),
+                 "--plot", str(tmp_path / "p.png"))
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["baseline"] == "eradat" and result["files_done"] == 18
+    assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
+    call_command("simulate", str(path), "--baseline", "direct", "--report", str(tmp_path / "r.json"),
+                 "--plot", str(tmp_path / "p.svg"))
+    assert b"<svg" in (tmp_path / "p.svg").read_bytes()[:500]
+
+
+def test_the_command_runs_the_broker_in_a_throwaway_database(tmp_path, db):
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(small()))
+    call_command("simulate", str(path), "--sort", "NONE", "--share", "EQUAL", "--report", str(tmp_path / "r.json"))
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["policy"]["sort"] == "NONE" and result["policy"]["share"] == "EQUAL"
+    assert result["files_done"] == 18
+    # The configured database saw none of it.
+    assert not RestoreRequest.objects.exists()
+
+
+# The live library ---------------------------------------------------------------------------
+
+@pytest.fixture
+def wall(monkeypatch, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    clock = [1_000_000.0]
+    monkeypatch.setattr(simulated, "wall_clock", lambda: clock[0])
+    return clock
+
+
+def test_the_live_catalogue_is_deterministic_and_keeps_a_directory_together():
+    a, b = synthetic_location("/star/run1/a.daq"), synthetic_location("/star/run1/b.daq")
+    assert a == synthetic_location("/star/run1/a.daq")
+    assert a.tape == b.tape and a.media == "LTO-8" and GB <= a.size <= 5 * GB
+    assert a.position + a.size <= 12_000 * GB
+
+
+def test_the_live_library_follows_the_wall_clock_and_survives_a_restart(wall):
+    stager = SimulatedStager(speedup=100, drives={"LTO-8": 2})
+    paths = ["/star/run1/a.daq", "/star/run1/b.daq"]
+    stager.submit(JobSpec(id="j1", paths=paths))
+    assert {s.state for s in stager.poll([JobSpec(id="j1", paths=paths)])["j1"]} == {"staging"}
+    wall[0] += 1.0  # 100 simulated seconds: the robot has fetched the tape, the drive is loading
+    status = SimulatedStager(speedup=100, drives={"LTO-8": 2}).status()
+    assert status["drives"][0]["tape"] == synthetic_location(paths[0]).tape
+    assert status["drives"][0]["activity"] in ("load", "locate", "read")
+    wall[0] += 60.0
+    restarted = SimulatedStager(speedup=100, drives={"LTO-8": 2})
+    assert {s.state for s in restarted.poll([JobSpec(id="j1", paths=paths)])["j1"]} == {"done"}
+    assert restarted.poll([JobSpec(id="unknown", paths=paths)]) == {}
+
+
+def test_the_loop_restores_through_the_live_library(wall, settings, alice, now):
+    settings.CAROUSEL_STAGERS = {**settings.CAROUSEL_STAGERS,
+                                 "simulated": "carousel.stagers.simulated.SimulatedStager"}
+    settings.CAROUSEL_STAGER = "simulated"
+    settings.CAROUSEL_STAGER_OPTIONS = {"speedup": 1000}
+    restore_submit(user=alice, now=now, paths=["/star/run1/a.daq", "/star/run2/b.daq"])
+    assert isinstance(plugins.stager(), SimulatedStager)
+    assert run_cycle(now=now).submitted == 2
+    wall[0] += 10.0  # 10,000 simulated seconds
+    run_cycle(now=now + timedelta(seconds=10))
+    assert set(RestoreRequest.objects.values_list("state", flat=True)) == {"done"}
+    assert [d["activity"] for d in plugins.stager().status()["drives"]] == ["idle"] * 4
+
+
+def test_a_replay_is_deterministic():
+    w = parse(small())
+    first, second = replay_baseline(w, "direct"), replay_baseline(w, "direct")
+    assert first.library.reads == second.library.reads
+    data = copy.deepcopy(small())
+    assert parse(data).requests == w.requests
