@@ -23,8 +23,12 @@ def visible_bulks(user):
     return qs if user.is_staff else qs.filter(user=user)
 
 
-def request_list(*, user, state=None, bulk=None, tape=None, since=None, until=None, path=None):
-    qs = visible_requests(user).select_related("tape")
+def request_list(*, user, **filters):
+    return filter_requests(visible_requests(user).select_related("tape"), **filters)
+
+
+def filter_requests(qs, *, state=None, bulk=None, tape=None, since=None, until=None, path=None):
+    """The filters of the API's list and the web page's, in one place."""
     if state:
         qs = qs.filter(state__in=state)
     if bulk:
@@ -453,13 +457,8 @@ def request_outlooks(requests, *, user, ctx):
 def request_page(*, user, state=None, path=None, bulk=None, after=None, size=50):
     """One page of the user's own requests, newest first, keyset-paginated on id: (rows, the
     `after` of the next page or None). Never counts the matches."""
-    qs = RestoreRequest.objects.filter(user=user).select_related("tape")
-    if state:
-        qs = qs.filter(state__in=state)
-    if path:
-        qs = qs.filter(path__contains=path)
-    if bulk:
-        qs = qs.filter(bulk_items__bulk_id=bulk)
+    qs = filter_requests(RestoreRequest.objects.filter(user=user).select_related("tape"), state=state, path=path,
+                         bulk=bulk)
     if after:
         qs = qs.filter(id__lt=after)
     rows = list(qs.order_by("-id")[:size + 1])
