@@ -38,7 +38,7 @@ USERNAME = "bench-ingest"
 WORKERS = 2
 WARMUP_FILES = 10
 COPY_COLUMNS = ("user_id", "group_id", "path", "path_key", "priority", "destination", "deadline",
-                "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id",
+                "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
                 "created_at", "updated_at", "submitted_at", "started_at")
 
 
@@ -141,7 +141,7 @@ def copy_rows(database_url, user_id, paths):
     from carousel.models import path_key
 
     now = datetime.now(timezone.utc)
-    rows = [(user_id, None, p, path_key(p), 0, "", None, None, "queued", 0, "", "", None, now, now, None, None)
+    rows = [(user_id, None, p, path_key(p), 0, "", None, None, "queued", 0, "", "", None, 0, now, now, None, None)
             for p in paths]
     with psycopg.connect(database_url) as conn:
         start = time.perf_counter()

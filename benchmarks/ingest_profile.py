@@ -84,7 +84,8 @@ def submit_in_phases(phase, user, body, now):
         Account.objects.select_for_update().get(user=user)
         control = Control.get()
     queryset = (RestoreRequest.objects.filter(db.in_keys("path_key", keys), state__in=ACTIVE_STATES)
-                .values_list("id", "user_id", "path_key", "state", "job_id", "submitted_at", "started_at"))
+                .values_list("id", "user_id", "path_key", "state", "job_id", "job_rank", "submitted_at",
+                             "started_at"))
     with phase("SELECT active: Django compiles it"):
         sql, params = queryset.query.get_compiler(using="default").as_sql()
     with connection.cursor() as cursor:
@@ -100,9 +101,9 @@ def submit_in_phases(phase, user, body, now):
         bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(clean))
     request_ids = insert_in_phases(phase, "requests", RestoreRequest, (
         "user_id", "group_id", "path", "path_key", "priority", "destination", "deadline", "pin_lifetime",
-        "state", "attempts", "error_class", "last_error", "job_id", "created_at", "updated_at",
+        "state", "attempts", "error_class", "last_error", "job_id", "job_rank", "created_at", "updated_at",
         "submitted_at", "started_at"),
-        ((user.id, group and group.id, p, k, 0, "", None, None, RequestState.QUEUED, 0, "", "", None,
+        ((user.id, group and group.id, p, k, 0, "", None, None, RequestState.QUEUED, 0, "", "", None, 0,
           now, now, None, None) for p, k in zip(clean, keys)))
     insert_in_phases(phase, "bulk items", BulkItem, ("bulk_id", "request_id"), ((bulk.id, i) for i in request_ids),
                      ids=False)

@@ -6,7 +6,9 @@ from datetime import timedelta
 from itertools import groupby
 
 from django.db import transaction
-from django.db.models import Case, Count, Exists, F, Max, OuterRef, Subquery, Sum, UUIDField, Value, When
+from django.db.models import (
+    Case, Count, Exists, F, Max, OuterRef, PositiveIntegerField, Subquery, Sum, UUIDField, Value, When,
+)
 
 from policies.selection import select, share_policy, sort_policy
 from policies.sorting import in_read_order
@@ -152,8 +154,9 @@ def requeue_due_retries(*, now):
 
 
 def _spec(job):
-    paths = list(job.requests.filter(state__in=IN_FLIGHT_STATES).order_by("position", "id")
-                 .values_list("path", flat=True).distinct())
+    # In the read order the policy chose; several users' requests for one file are one path.
+    paths = list(dict.fromkeys(job.requests.filter(state__in=IN_FLIGHT_STATES).order_by("job_rank", "id")
+                               .values_list("path", flat=True)))
     return JobSpec(id=str(job.id), paths=paths, tape=job.tape.label if job.tape else "", backend_id=job.backend_id)
 
 
@@ -368,7 +371,7 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job):
     by_tape = {}
     for c in chosen:
         by_tape.setdefault(c.tape, []).append(c)
-    jobs, job_of_key = [], {}
+    jobs, job_of_key, rank_of_key = [], {}, {}
     for tape_id, candidates in by_tape.items():
         files = list(dict.fromkeys(claimed[c.id] for c in in_read_order(candidates, tapes)))
         for start in range(0, len(files), files_per_job):
@@ -376,13 +379,16 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job):
             job = Job(tape_id=tape_id, files=len(part), created_at=now, rank=len(jobs))
             jobs.append((job, part))
             job_of_key.update((key, job.id) for _, key in part)
+            rank_of_key.update((key, rank) for rank, (_, key) in enumerate(part))
     if not jobs:
         return []
     Job.objects.bulk_create([job for job, _ in jobs])
     # Other users' queued requests for the same files ride along in the same stage.
     request_transition(RestoreRequest.objects.filter(path_key__in=list(job_of_key), state=S.QUEUED), S.SUBMITTED,
                        now=now, job_id=Case(*[When(path_key=k, then=Value(j)) for k, j in job_of_key.items()],
-                                            output_field=UUIDField()))
+                                            output_field=UUIDField()),
+                       job_rank=Case(*[When(path_key=k, then=Value(r)) for k, r in rank_of_key.items()],
+                                     output_field=PositiveIntegerField()))
     return [JobSpec(id=str(job.id), paths=[p for p, _ in part]) for job, part in jobs]
 
 

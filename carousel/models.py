@@ -322,6 +322,9 @@ class RestoreRequest(models.Model):
     error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True, default="")
     last_error = models.TextField(blank=True)
     job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests")
+    # The file's place in its job: the read order the sorting policy chose, which the stager
+    # must receive as it is (db_default: submission's COPY does not name it).
+    job_rank = models.PositiveIntegerField(db_default=0)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     submitted_at = models.DateTimeField(null=True, blank=True)

@@ -77,15 +77,15 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         control = Control.get()
         active = list(
             RestoreRequest.objects.filter(db.in_keys("path_key", keys), state__in=ACTIVE_STATES)
-            .values_list("id", "user_id", "path_key", "state", "job_id", "submitted_at", "started_at")
+            .values_list("id", "user_id", "path_key", "state", "job_id", "job_rank", "submitted_at", "started_at")
         )
         own = {}
         in_flight = {}
-        for id_, user_id, key, state, job_id, submitted_at, started_at in active:
+        for id_, user_id, key, state, job_id, job_rank, submitted_at, started_at in active:
             if user_id == user.id:
                 own[key] = id_
             elif state in IN_FLIGHT_STATES:
-                in_flight[key] = (state, job_id, submitted_at, started_at)
+                in_flight[key] = (state, job_id, job_rank, submitted_at, started_at)
 
         new = [(p, k) for p, k in zip(clean, keys) if k not in own]
         ceiling = account.queued_ceiling if account.queued_ceiling is not None else control.default_queued_ceiling
@@ -99,17 +99,17 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         group = account.group or user.groups.order_by("id").first()
         bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify)
         columns = ("user_id", "group_id", "path", "path_key", "priority", "destination", "deadline",
-                   "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id",
+                   "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
                    "created_at", "updated_at", "submitted_at", "started_at")
         common = (priority, destination or "", deadline, pin_lifetime)
 
         def row(path, key):
             shared = in_flight.get(key)
             if shared:
-                state, job_id, submitted_at, started_at = shared
-                return (user.id, group and group.id, path, key, *common, state, 0, "", "", job_id,
+                state, job_id, job_rank, submitted_at, started_at = shared
+                return (user.id, group and group.id, path, key, *common, state, 0, "", "", job_id, job_rank,
                         now, now, submitted_at, started_at)
-            return (user.id, group and group.id, path, key, *common, S.QUEUED, 0, "", "", None,
+            return (user.id, group and group.id, path, key, *common, S.QUEUED, 0, "", "", None, 0,
                     now, now, None, None)
 
         new_ids = db.insert_rows(RestoreRequest, columns, (row(p, k) for p, k in new))

@@ -9,6 +9,7 @@ from django.utils import timezone
 from carousel.loop import run_cycle
 from carousel.models import RestoreRequest, Transition
 from carousel.services import restore_submit
+from carousel.stagers.immediate import ImmediateStager
 
 
 class Command(BaseCommand):
@@ -19,8 +20,11 @@ class Command(BaseCommand):
         user, _ = User.objects.get_or_create(username="smoke")
         now = timezone.now()
         result = restore_submit(user=user, now=now, paths=["/smoke/a.root", "/smoke/b.root", "/smoke/a.root"])
-        first = run_cycle(now=now)
-        second = run_cycle(now=now + timedelta(seconds=10))
+        # The stager that restores at the next poll: this run checks the database side (COPY,
+        # the lock, the triggers) of the embedded default, not the tape model.
+        stager = ImmediateStager()
+        first = run_cycle(now=now, stager=stager)
+        second = run_cycle(now=now + timedelta(seconds=10), stager=stager)
         states = sorted(RestoreRequest.objects.filter(user=user).values_list("state", flat=True))
         history = Transition.objects.filter(request__user=user).count()
         self.stdout.write(f"{connection.vendor}: submitted {result.created}, cycle 1 sent {first.submitted}, "
