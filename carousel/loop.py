@@ -160,19 +160,35 @@ def _spec(job):
     return JobSpec(id=str(job.id), paths=paths, tape=job.tape.label if job.tape else "", backend_id=job.backend_id)
 
 
+def _files_in_flight(jobs):
+    """{job id: {path: the states of its requests}} for these jobs' files in flight, each job's
+    in read order; one query for all."""
+    files = {job_id: {} for job_id in jobs}
+    for job_id, path, state in (RestoreRequest.objects.filter(job_id__in=list(jobs), state__in=IN_FLIGHT_STATES)
+                                .order_by("job_id", "job_rank", "id").values_list("job_id", "path", "state")):
+        files[str(job_id)].setdefault(path, set()).add(state)
+    return files
+
+
 def collect_progress(*, now, stager, control, report):
     """Poll the jobs in flight and move their requests on; return what was seen of the
     stager. While it is down, one job is polled as a probe: one call a cycle, however many
-    jobs wait, and the full poll follows in the same cycle once it answers."""
+    jobs wait, and the full poll follows in the same cycle once it answers. A cycle costs one
+    query for all the jobs' files, and writes only for the files whose state changed."""
     jobs = {str(j.id): j for j in Job.objects.filter(state=JobState.SENT).select_related("tape")
             .order_by("sent_at")}
     if not jobs:
         return h.Observation()
-    specs = [_spec(j) for j in jobs.values()]
+    files = _files_in_flight(jobs)
+    for job_id in [j for j in jobs if not files[j]]:  # every file cancelled or restored elsewhere
+        Job.objects.filter(id=job_id).update(state=JobState.DONE, finished_at=now)
+        del jobs[job_id]
+    specs = [JobSpec(id=job_id, paths=list(files[job_id]), tape=job.tape.label if job.tape else "",
+                     backend_id=job.backend_id) for job_id, job in jobs.items()]
     try:
-        if StagerHealth.get().state == h.DOWN:
+        if specs and StagerHealth.get().state == h.DOWN:
             stager.poll(specs[:1])
-        answers = stager.poll(specs)
+        answers = stager.poll(specs) if specs else {}
     except Exception as exc:  # noqa: BLE001 - whatever the backend raised, it did not answer
         return h.Observation(reachable=False, error=f"poll: {exc}")
     results = failures = 0
@@ -185,14 +201,19 @@ def collect_progress(*, now, stager, control, report):
             request_transition(in_job.filter(state__in=IN_FLIGHT_STATES), S.QUEUED, now=now)
             Job.objects.filter(id=job.id).update(state=JobState.FAILED, finished_at=now)
             continue
+        current = files[job_id]
         by_state = {}
         for st in statuses:
-            by_state.setdefault(st.state, []).append(st)
+            if st.path in current:
+                by_state.setdefault(st.state, []).append(st)
+        starting = [st.path for st in by_state.get("staging", []) if S.SUBMITTED in current[st.path]]
+        ended = by_state.get("done", []) + by_state.get("failed", [])
+        if not starting and not ended:
+            continue  # nothing moved in this job: no write
         with transaction.atomic():
             progressed = 0
-            if "staging" in by_state:
-                progressed += request_transition(
-                    in_job.filter(path__in=[s.path for s in by_state["staging"]]), S.STAGING, now=now)
+            if starting:
+                progressed += request_transition(in_job.filter(path__in=starting), S.STAGING, now=now)
             if "done" in by_state:
                 n = _staged(in_job, by_state["done"], now=now)
                 report.done += n
@@ -207,7 +228,7 @@ def collect_progress(*, now, stager, control, report):
                     tape_failures.setdefault(job.tape_id, []).append(st.message)
             if progressed:
                 Job.objects.filter(id=job.id).update(progress_at=now)
-            if not in_job.filter(state__in=IN_FLIGHT_STATES).exists():
+            if {st.path for st in ended} >= set(current):
                 Job.objects.filter(id=job.id).update(state=JobState.DONE, finished_at=now)
     count_tape_failures(tape_failures, now=now, control=control)
     progressed = bool(results) or Job.objects.filter(state=JobState.SENT, progress_at=now).exists()
