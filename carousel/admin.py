@@ -88,8 +88,22 @@ class RestoreRequestAdmin(admin.ModelAdmin):
     search_fields = ["path", "user__username", "tape__label"]
     raw_id_fields = ["user", "tape", "job", "group"]
     list_select_related = ["user", "tape"]
-    readonly_fields = ["path_key", "created_at", "updated_at", "submitted_at", "started_at", "finished_at"]
+    # Only what an operator may change by hand is editable, and only that is saved: the loop's
+    # columns (state, job, attempts, ...) would otherwise be written back as the form read them,
+    # undoing whatever the loop did meanwhile. States change through the actions.
+    editable = ("priority", "deadline", "pin_lifetime", "destination")
     actions = ["cancel", "retry_now"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields if f.name not in self.editable]
+
+    def save_model(self, request, obj, form, change):
+        fields = [f for f in form.changed_data if f in self.editable]
+        if fields:
+            obj.save(update_fields=fields)
+
+    def has_add_permission(self, request):
+        return False  # requests come in through restore_submit (validation, no duplicates)
     # A million rows: count with an estimate-free but cheap query, never the full changelist count.
     show_full_result_count = False
 
@@ -146,7 +160,7 @@ class StagerHealthAdmin(admin.ModelAdmin):
 
     @admin.display(description="disk buffer free")
     def disk(self, obj):
-        if not obj.disk_total_bytes:
+        if not obj.disk_total_bytes or obj.disk_free_bytes is None:
             return "not reported"
         return f"{obj.disk_free_bytes / 1e9:,.0f} of {obj.disk_total_bytes / 1e9:,.0f} GB"
 

@@ -7,7 +7,7 @@ from itertools import groupby
 
 from django.db import transaction
 from django.db.models import (
-    Case, Count, Exists, F, Max, OuterRef, PositiveIntegerField, Subquery, Sum, UUIDField, Value, When,
+    Case, Count, Exists, F, Max, OuterRef, PositiveIntegerField, Q, Subquery, Sum, UUIDField, Value, When,
 )
 
 from policies.selection import select, share_policy, sort_policy
@@ -21,9 +21,12 @@ from .models import (
 )
 from .plugins import PluginError
 from .services import bulk_notify_complete, request_cancel, request_transition
-from .stagers.base import JobSpec
+from .stagers.base import JobSpec, StagerUnavailable
 
 log = logging.getLogger("carousel.loop")
+# Longer than any copy may take (the site command's own timeout is an hour): a delivery still
+# marked started after this lost its worker and is started again.
+DELIVERY_LEASE_S = 6 * 3600
 S = RequestState
 
 
@@ -77,7 +80,8 @@ def _work(*, now, stager, control, state, report):
         report.error = f"scheduling stopped: {exc}"
         log.error(report.error)
         return state
-    except Exception as exc:  # noqa: BLE001 - any failure of the backend is judged the same way
+    except Exception as exc:  # noqa: BLE001 - judged as the stager down, and said with a traceback
+        _unexpected(exc, "locating or reading the disk buffer")
         return judge_stager(now=now, seen=h.Observation(reachable=False, error=str(exc)), control=control)
     if control.paused:
         return state
@@ -95,6 +99,13 @@ def _work(*, now, stager, control, state, report):
     if error:
         return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"submit: {error}"), control=control)
     return state
+
+
+def _unexpected(exc, doing):
+    """An exception other than StagerUnavailable is a bug (ours or the backend's): the cycle
+    carries on as if the stager were down, and the traceback goes to the log."""
+    if not isinstance(exc, StagerUnavailable):
+        log.exception("unexpected error while %s", doing, exc_info=exc)
 
 
 def judge_stager(*, now, seen, control):
@@ -178,6 +189,13 @@ def collect_progress(*, now, stager, control, report):
     jobs = {str(j.id): j for j in Job.objects.filter(state=JobState.SENT).select_related("tape")
             .order_by("sent_at")}
     if not jobs:
+        if StagerHealth.get().state != h.DOWN:
+            return h.Observation()
+        try:  # down with nothing in flight: one cheap call tells whether it is back
+            stager.status()
+        except Exception as exc:  # noqa: BLE001
+            _unexpected(exc, "probing")
+            return h.Observation(reachable=False, error=f"status: {exc}")
         return h.Observation()
     files = _files_in_flight(jobs)
     for job_id in [j for j in jobs if not files[j]]:  # every file cancelled or restored elsewhere
@@ -190,6 +208,7 @@ def collect_progress(*, now, stager, control, report):
             stager.poll(specs[:1])
         answers = stager.poll(specs) if specs else {}
     except Exception as exc:  # noqa: BLE001 - whatever the backend raised, it did not answer
+        _unexpected(exc, "polling")
         return h.Observation(reachable=False, error=f"poll: {exc}")
     results = failures = 0
     tape_failures = {}
@@ -273,19 +292,19 @@ def _staged(in_job, statuses, *, now):
 
 def count_tape_failures(failures, *, now, control):
     """Failures that cluster on one tape quarantine it: its requests wait instead of being
-    retried against a bad cartridge, and the operator sees why."""
-    window = timedelta(seconds=control.quarantine_window_s)
-    for tape in Tape.objects.filter(id__in=list(failures)):
-        messages = failures[tape.id]
-        if tape.failures_since is None or now - tape.failures_since > window:
-            tape.recent_failures, tape.failures_since = 0, now
-        tape.recent_failures += len(messages)
-        if tape.recent_failures >= control.quarantine_failures and tape.quarantined_at is None:
-            tape.quarantined_at = now
-            tape.quarantine_reason = (f"{tape.recent_failures} failures within {control.quarantine_window_s:.0f} s; "
-                                      f"last: {messages[-1]}")
-            log.warning("tape %s quarantined: %s", tape.label, tape.quarantine_reason)
-        tape.save(update_fields=["recent_failures", "failures_since", "quarantined_at", "quarantine_reason"])
+    retried against a bad cartridge, and the operator sees why. Conditional updates, so an
+    operator lifting a quarantine meanwhile is never overwritten."""
+    window_start = now - timedelta(seconds=control.quarantine_window_s)
+    for tape_id, messages in failures.items():
+        tapes = Tape.objects.filter(id=tape_id)
+        tapes.filter(Q(failures_since__isnull=True) | Q(failures_since__lt=window_start)).update(
+            recent_failures=0, failures_since=now)
+        tapes.update(recent_failures=F("recent_failures") + len(messages))
+        count = tapes.values_list("recent_failures", flat=True).first() or 0
+        reason = f"{count} failures within {control.quarantine_window_s:.0f} s; last: {messages[-1]}"
+        if count >= control.quarantine_failures and tapes.filter(quarantined_at__isnull=True).update(
+                quarantined_at=now, quarantine_reason=reason):
+            log.warning("tape %s quarantined: %s", tape_id, reason)
 
 
 def _fail(queryset, status, *, now, control, report):
@@ -294,10 +313,12 @@ def _fail(queryset, status, *, now, control, report):
     queryset = queryset.filter(state__in=(*IN_FLIGHT_STATES, S.DELIVERING))
     n = 0
     message = status.message
-    limit = {ErrorClass.TRANSIENT: control.max_attempts,
-             ErrorClass.DELIVERY: control.max_delivery_attempts}.get(status.error_class)
+    # Tape attempts count submissions; delivery attempts count copies.
+    counter, limit = {ErrorClass.TRANSIENT: ("attempts", control.max_attempts),
+                      ErrorClass.DELIVERY: ("delivery_attempts", control.max_delivery_attempts)}.get(
+        status.error_class, ("", 0))
     if limit:
-        n = request_transition(queryset.filter(attempts__lt=limit), S.RETRY, now=now,
+        n = request_transition(queryset.filter(**{f"{counter}__lt": limit}), S.RETRY, now=now,
                                retry_at=now + timedelta(seconds=control.retry_cycle_s),
                                error_class=status.error_class, last_error=message)
         report.retrying += n
@@ -325,7 +346,8 @@ def locate_requests(*, now, stager, limit):
         for err in missing:
             if err.error_class == ErrorClass.TRANSIENT:
                 continue  # the backend cannot tell now: asked again at a later cycle
-            request_transition(RestoreRequest.objects.filter(path=err.path, state=S.QUEUED), S.FAILED, now=now,
+            request_transition(RestoreRequest.objects.filter(path_key=path_key(err.path), state=S.QUEUED), S.FAILED,
+                               now=now,
                                error_class=err.error_class, last_error=err.message)
     location = FileLocation.objects.filter(path_key=OuterRef("path_key"))
     return RestoreRequest.objects.filter(id__in=[i for i, _, _ in batch], state=S.QUEUED, tape__isnull=True).filter(
@@ -424,20 +446,34 @@ def send_jobs(*, now, stager):
             continue
         try:
             backend_id = stager.submit(spec)
-        except Exception as exc:  # noqa: BLE001 - the job stays pending for a later cycle
+        except StagerUnavailable as exc:  # the job stays pending for a later cycle
             log.warning("submitting %s failed: %s", job.id, exc)
             return str(exc) or type(exc).__name__
+        except Exception as exc:  # noqa: BLE001 - the stager refused this job: the others still go
+            log.exception("the stager refused job %s", job.id)
+            _refused(job, exc, now=now)
+            continue
         Job.objects.filter(id=job.id, state=JobState.PENDING).update(
             state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now)
     return ""
 
 
+def _refused(job, exc, *, now):
+    """A job the stager refuses (not "unavailable": an error of its own) fails transiently, so
+    its requests wait for the retry cycle, bounded by their attempts, instead of blocking every
+    later job."""
+    control = Control.get()
+    failure = _Failure(f"the stager refused the job: {exc}", ErrorClass.TRANSIENT)
+    _fail(RestoreRequest.objects.filter(job=job), failure, now=now, control=control, report=CycleReport())
+    Job.objects.filter(id=job.id).update(state=JobState.FAILED, finished_at=now)
+
+
 def dispatch_deliveries(*, now, control):
     """Start deliveries of staged files, at most `deliveries_per_fs` at once per destination
-    file system; each batch runs in a worker task. A delivery started longer ago than the
-    stall time (its worker died) is started again."""
+    file system; each batch runs in a worker task. A delivery started longer ago than its lease
+    (its worker died) is started again."""
     waiting = RestoreRequest.objects.filter(state=S.DELIVERING)
-    waiting.filter(delivery_started_at__lt=now - timedelta(seconds=control.stall_after_s)).update(
+    waiting.filter(delivery_started_at__lt=now - timedelta(seconds=DELIVERY_LEASE_S)).update(
         delivery_started_at=None)
     running = dict(waiting.filter(delivery_started_at__isnull=False).order_by().values_list("delivery_fs")
                    .annotate(n=Count("id")).values_list("delivery_fs", "n"))
@@ -467,6 +503,7 @@ def deliver_requests(ids, *, now, control=None):
     for rid, source, destination in RestoreRequest.objects.filter(id__in=ids, state=S.DELIVERING).values_list(
             "id", "staged_path", "destination"):
         one = RestoreRequest.objects.filter(id=rid)
+        one.update(delivery_attempts=F("delivery_attempts") + 1)
         try:
             delivery.deliver(source, destination)
         except DeliveryError as exc:

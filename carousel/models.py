@@ -336,6 +336,7 @@ class RestoreRequest(models.Model):
     delivery_fs = models.CharField(max_length=255, blank=True, db_default="",
                                    help_text="The destination's file system.")
     delivery_started_at = models.DateTimeField(null=True, blank=True)
+    delivery_attempts = models.PositiveSmallIntegerField(db_default=0)
 
     class Meta:
         constraints = [

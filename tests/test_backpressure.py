@@ -94,8 +94,9 @@ def test_an_outage_of_hours_is_probed_once_a_cycle_and_work_resumes_within_two_c
         cycles += 1
     health = StagerHealth.get()
     assert health.state == "down" and "connection refused" in health.reason
+    assert health.since == now + timedelta(seconds=120)  # down since the outage began, all along
     # One probe a cycle, however many jobs and requests wait: no storm.
-    assert backend.calls <= cycles
+    assert backend.calls == cycles
     assert RestoreRequest.objects.filter(state="failed").count() == 0
     assert report.submitted == 0
 
@@ -111,14 +112,41 @@ def test_an_outage_of_hours_is_probed_once_a_cycle_and_work_resumes_within_two_c
     assert RestoreRequest.objects.filter(state="done").count() == 20
 
 
-def test_a_failed_submission_keeps_the_job_and_marks_the_stager_down(alice, now):
+def test_a_failed_submission_keeps_the_job_and_marks_the_stager_down_until_it_answers(alice, now):
     control()
     restore_submit(user=alice, now=now, paths=["/s/a", "/s/b"])
     backend = Backend()
+    real_submit = backend.submit
     backend.submit = lambda job: (_ for _ in ()).throw(StagerUnavailable("timeout"))
     run_cycle(now=now, stager=backend)
     assert Job.objects.get().state == "pending"
     assert StagerHealth.get().state == "down"
+    # Still down: one probe (status) a cycle, no locate, no submission.
+    backend.down, backend.calls = True, 0
+    run_cycle(now=now + timedelta(seconds=120), stager=backend)
+    assert backend.calls == 1 and StagerHealth.get().state == "down"
+    backend.down, backend.submit = False, real_submit
+    run_cycle(now=now + timedelta(seconds=240), stager=backend)
+    assert StagerHealth.get().state == "healthy" and Job.objects.get().state == "sent"
+
+
+def test_a_job_the_stager_refuses_does_not_block_the_others(alice, now):
+    control(files_per_job=1)
+    restore_submit(user=alice, now=now, paths=["/bad", "/good"])
+    backend = Backend({"/bad": ("TA", 0), "/good": ("TB", 0)})
+    real_submit = backend.submit
+
+    def submit(job):
+        if job.paths == ["/bad"]:
+            raise ValueError("no such storage class")
+        return real_submit(job)
+
+    backend.submit = submit
+    run_cycle(now=now, stager=backend)
+    assert [j.paths for j in backend.sent] == [["/good"]]
+    bad = RestoreRequest.objects.get(path="/bad")
+    assert bad.state == "retry" and "refused the job: no such storage class" in bad.last_error
+    assert StagerHealth.get().state == "healthy"
 
 
 def test_a_stall_stops_submission_until_progress_returns(alice, now):
@@ -126,8 +154,10 @@ def test_a_stall_stops_submission_until_progress_returns(alice, now):
     restore_submit(user=alice, now=now, paths=[f"/st/{i}" for i in range(20)])
     backend = Backend({f"/st/{i}": (f"T{i}", 0) for i in range(20)})
     run_cycle(now=now, stager=backend)
-    sent_before = len(backend.sent)
     run_cycle(now=now + timedelta(seconds=100), stager=backend)  # the files start staging
+    # Room for more: the stall, not the limit, must be what holds the next jobs back.
+    Control.objects.filter(id=1).update(jobs_in_flight=10)
+    sent_before = len(backend.sent)
     # Then nothing moves for longer than the stall time: stalled, and nothing new goes out.
     run_cycle(now=now + timedelta(seconds=800), stager=backend)
     assert StagerHealth.get().state == "stalled"

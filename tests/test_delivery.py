@@ -79,7 +79,7 @@ def test_a_destination_the_user_cannot_write_fails_with_a_user_error(copying, tm
 
 def test_a_failed_delivery_is_retried_on_the_cycle_then_fails(copying, tmp_path, alice, now,
                                                               django_capture_on_commit_callbacks):
-    control(retry_cycle_s=600, max_delivery_attempts=1)
+    control(retry_cycle_s=600, max_delivery_attempts=2, max_attempts=5)
     restore_submit(user=alice, now=now, paths=["/star/c"], destination=str(tmp_path / "out" / "c"))
     backend = Backend()
     run_cycle(now=now, stager=backend)
@@ -88,8 +88,16 @@ def test_a_failed_delivery_is_retried_on_the_cycle_then_fails(copying, tmp_path,
     with django_capture_on_commit_callbacks(execute=True):
         run_cycle(now=now + timedelta(seconds=10), stager=backend)
     request = RestoreRequest.objects.get()
-    assert (request.state, request.error_class) == ("failed", "delivery")
-    assert "staged copy missing" in request.last_error and "gave up after 1 attempts" in request.last_error
+    assert (request.state, request.error_class, request.delivery_attempts) == ("retry", "delivery", 1)
+    # On the retry cycle, not at once (the delivery task stamps its own time).
+    assert request.retry_at >= now + timedelta(seconds=600)
+    # Its retry time: staged again (the stager answers done at once) and delivered again.
+    for t in (620, 630, 640):
+        with django_capture_on_commit_callbacks(execute=True):
+            run_cycle(now=now + timedelta(seconds=t), stager=backend)
+    request.refresh_from_db()
+    assert (request.state, request.error_class, request.delivery_attempts) == ("failed", "delivery", 2)
+    assert "staged copy missing" in request.last_error and "gave up after 2 attempts" in request.last_error
 
 
 def test_without_a_delivery_step_staged_files_are_done_in_place(tmp_path, alice, now):
