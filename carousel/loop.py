@@ -242,7 +242,8 @@ def collect_progress(*, now, stager, control, report):
                 n = _fail(in_job.filter(path=st.path), st, now=now, control=control, report=report)
                 progressed += n
                 results += 1
-                failures += 1
+                # Only the stager's own trouble throttles it; a user's missing files do not.
+                failures += st.error_class == ErrorClass.TRANSIENT
                 if job.tape_id and st.error_class in (ErrorClass.TRANSIENT, ErrorClass.PERMANENT):
                     tape_failures.setdefault(job.tape_id, []).append(st.message)
             if progressed:

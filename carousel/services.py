@@ -125,10 +125,15 @@ def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCEL
     withdrawals): the (job, path) pairs to take back from the stager, which leaves out any
     file that another user's request still shares."""
     with transaction.atomic():
+        # Locked first, so the loop cannot claim one of them between the two statements below
+        # (it would then be cancelled here but never withdrawn from the stager).
+        ids = list(queryset.filter(state__in=ACTIVE_STATES).select_for_update(of=("self",))
+                   .values_list("id", flat=True))
+        locked = RestoreRequest.objects.filter(id__in=ids)
         in_flight = list(
-            queryset.filter(state__in=IN_FLIGHT_STATES, job__isnull=False).values_list("job_id", "path_key", "path")
+            locked.filter(state__in=IN_FLIGHT_STATES, job__isnull=False).values_list("job_id", "path_key", "path")
         )
-        count = request_transition(queryset, to, now=now, last_error=reason)
+        count = request_transition(locked, to, now=now, last_error=reason)
         withdraw = []
         if in_flight:
             still_wanted = set(

@@ -100,6 +100,8 @@ LOGIN_REDIRECT_URL = "/"
 
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "carousel@localhost")
+# Notices go out from the cycle: a mail server that hangs must not hold the loop for long.
+EMAIL_TIMEOUT = 10
 # The broker's public address, for links in notices (e.g. https://carousel.example.org).
 CAROUSEL_SITE_URL = os.environ.get("CAROUSEL_SITE_URL", "")
 
