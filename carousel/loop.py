@@ -130,12 +130,11 @@ def disk_budget(*, stager, control):
     status = stager.status() or {}
     free, total = status.get("disk_free_bytes"), status.get("disk_total_bytes")
     StagerHealth.objects.filter(id=1).update(disk_free_bytes=free, disk_total_bytes=total)
+    if not total or free is None:
+        return None
     # What was sent but is not on disk yet will take room there too.
     incoming = (RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).aggregate(b=Sum("size"))["b"] or 0)
-    use = h.projected_disk_use(free=free, total=total, incoming=incoming)
-    if use is None:
-        return None
-    return int((control.disk_threshold - use) * total)
+    return int((control.disk_threshold - h.projected_disk_use(free=free, total=total, incoming=incoming)) * total)
 
 
 def withdraw(stager, pairs):
@@ -164,21 +163,20 @@ def requeue_due_retries(*, now):
     return request_transition(RestoreRequest.objects.filter(state=S.RETRY, retry_at__lte=now), S.QUEUED, now=now)
 
 
-def _spec(job):
-    # In the read order the policy chose; several users' requests for one file are one path.
-    paths = list(dict.fromkeys(job.requests.filter(state__in=IN_FLIGHT_STATES).order_by("job_rank", "id")
-                               .values_list("path", flat=True)))
-    return JobSpec(id=str(job.id), paths=paths, tape=job.tape.label if job.tape else "", backend_id=job.backend_id)
-
-
 def _files_in_flight(jobs):
     """{job id: {path: the states of its requests}} for these jobs' files in flight, each job's
-    in read order; one query for all."""
+    in the read order the policy chose (several users' requests for one file are one path);
+    one query for all."""
     files = {job_id: {} for job_id in jobs}
     for job_id, path, state in (RestoreRequest.objects.filter(job_id__in=list(jobs), state__in=IN_FLIGHT_STATES)
                                 .order_by("job_id", "job_rank", "id").values_list("job_id", "path", "state")):
         files[str(job_id)].setdefault(path, set()).add(state)
     return files
+
+
+def _spec(job, files):
+    return JobSpec(id=str(job.id), paths=list(files), tape=job.tape.label if job.tape else "",
+                   backend_id=job.backend_id)
 
 
 def collect_progress(*, now, stager, control, report):
@@ -201,8 +199,7 @@ def collect_progress(*, now, stager, control, report):
     for job_id in [j for j in jobs if not files[j]]:  # every file cancelled or restored elsewhere
         Job.objects.filter(id=job_id).update(state=JobState.DONE, finished_at=now)
         del jobs[job_id]
-    specs = [JobSpec(id=job_id, paths=list(files[job_id]), tape=job.tape.label if job.tape else "",
-                     backend_id=job.backend_id) for job_id, job in jobs.items()]
+    specs = [_spec(job, files[job_id]) for job_id, job in jobs.items()]
     try:
         if specs and StagerHealth.get().state == h.DOWN:
             stager.poll(specs[:1])
@@ -211,6 +208,7 @@ def collect_progress(*, now, stager, control, report):
         _unexpected(exc, "polling")
         return h.Observation(reachable=False, error=f"poll: {exc}")
     results = failures = 0
+    moved = False
     tape_failures = {}
     for job_id, job in jobs.items():
         statuses = answers.get(job_id)
@@ -247,15 +245,15 @@ def collect_progress(*, now, stager, control, report):
                 if job.tape_id and st.error_class in (ErrorClass.TRANSIENT, ErrorClass.PERMANENT):
                     tape_failures.setdefault(job.tape_id, []).append(st.message)
             if progressed:
+                moved = True
                 Job.objects.filter(id=job.id).update(progress_at=now)
             if {st.path for st in ended} >= set(current):
                 Job.objects.filter(id=job.id).update(state=JobState.DONE, finished_at=now)
     count_tape_failures(tape_failures, now=now, control=control)
-    progressed = bool(results) or Job.objects.filter(state=JobState.SENT, progress_at=now).exists()
+    progressed = moved or bool(results)
     # Stalled: jobs wait at the stager, and none has moved for the stall time.
-    latest = Job.objects.filter(state=JobState.SENT).aggregate(p=Max("progress_at"))["p"]
-    stalled = (not progressed and latest is not None
-               and (now - latest).total_seconds() > control.stall_after_s)
+    latest = None if progressed else Job.objects.filter(state=JobState.SENT).aggregate(p=Max("progress_at"))["p"]
+    stalled = latest is not None and (now - latest).total_seconds() > control.stall_after_s
     return h.Observation(results=results, failures=failures, progressed=progressed, stalled=stalled)
 
 
@@ -440,8 +438,11 @@ def send_jobs(*, now, stager):
     """Send every committed, unacknowledged job. A job left pending by a crash is sent again
     with the same id, which the stager treats as the same job. Returns the error that stopped
     sending, or ""."""
-    for job in Job.objects.filter(state=JobState.PENDING).select_related("tape").order_by("created_at", "rank"):
-        spec = _spec(job)
+    pending = {str(j.id): j for j in Job.objects.filter(state=JobState.PENDING).select_related("tape")
+               .order_by("created_at", "rank")}
+    files = _files_in_flight(pending)
+    for job_id, job in pending.items():
+        spec = _spec(job, files[job_id])
         if not spec.paths:
             Job.objects.filter(id=job.id).update(state=JobState.CANCELLED, finished_at=now)
             continue

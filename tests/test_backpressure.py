@@ -2,6 +2,8 @@
 a full disk buffer, and crashes between committing a job and its acknowledgement."""
 from datetime import timedelta
 
+from django.test import Client
+
 from carousel.loop import claim_jobs, run_cycle
 from carousel.models import Control, Job, RestoreRequest, StagerHealth, Tape
 from carousel.services import restore_submit
@@ -201,7 +203,7 @@ def test_failures_clustering_on_a_tape_quarantine_it_and_its_requests_wait(alice
     assert len(backend.sent) == sent
     assert set(RestoreRequest.objects.filter(path__in=bad).values_list("state", flat=True)) == {"queued"}
     # The operator lifts the quarantine in the admin: the requests go out again.
-    client = __import__("django.test", fromlist=["Client"]).Client()
+    client = Client()
     client.force_login(operator)
     operator.is_superuser = True
     operator.save()

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.db.models import Count
 
 from carousel.localservices import free_port
 from carousel.models import Control, Job, RestoreRequest
@@ -82,8 +83,7 @@ def wait_until_done(worker, timeout):
             return
         assert worker.proc.poll() is None, worker.output()
         time.sleep(0.5)
-    states = dict(RestoreRequest.objects.values_list("state").annotate(n=__import__("django.db.models",
-                                                                                       fromlist=["Count"]).Count("id")))
+    states = dict(RestoreRequest.objects.values_list("state").annotate(n=Count("id")))
     pytest.fail(f"not all restored after {timeout} s: {states}\n{worker.output()}")
 
 

@@ -330,16 +330,21 @@ class HpssStager(Stager):
             except FileNotFoundError:
                 pass
 
+    def _ask_all(self, verb, paths, parse):
+        """Ask hsi about `paths` in batches, leaving out names hsi cannot express: (what was
+        found, {path: error})."""
+        errors = _unnameable(paths)
+        found = {}
+        for chunk in _batches([p for p in paths if p not in errors], self.batch):
+            more, failed = self._ask(verb, chunk, parse)
+            found.update(more)
+            errors.update(failed)
+        return found, errors
+
     # the contract
 
     def locate(self, paths):
-        unique = list(dict.fromkeys(paths))
-        errors = _unnameable(unique)
-        listed = {}
-        for chunk in _batches([p for p in unique if p not in errors], self.batch):
-            found, failed = self._ask("ls -P", chunk, parse_ls_P)
-            listed.update(found)
-            errors.update(failed)
+        listed, errors = self._ask_all("ls -P", list(dict.fromkeys(paths)), parse_ls_P)
         return [self._location(path, listed, errors) for path in paths]
 
     @staticmethod
@@ -381,12 +386,7 @@ class HpssStager(Stager):
         unique = list(dict.fromkeys(
             path for job_id, paths in watched.items() for path in paths
             if path in staged[job_id] and path not in states[job_id]["errors"]))
-        errors = _unnameable(unique)
-        cached = {}
-        for chunk in _batches([p for p in unique if p not in errors], self.batch):
-            found, failed = self._ask("ls -V", chunk, parse_ls_V)
-            cached.update(found)
-            errors.update(failed)
+        cached, errors = self._ask_all("ls -V", unique, parse_ls_V)
         return {job_id: [_file_status(path, states[job_id]["errors"].get(path) or errors.get(path),
                                       path in staged[job_id], cached.get(path))
                          for path in paths]
