@@ -192,7 +192,8 @@ class Library:
             drives.append(entry)
         return {"drives": drives, "queued_files": sum(len(e[4]) for e in self.queue)
                 + sum(len(d.work) for d in self.drives), "clock_s": self.now, "mounts": self.mounts,
-                "robots": self.robots, "robots_busy": self.robots_busy}
+                "robots": self.robots, "robots_busy": self.robots_busy, "exchange_s": self.exchange_s,
+                "read_rate_mb_s": self.read_rate_mb_s}
 
     def busy_seconds(self, until=None):
         """Drive time spent mounting, positioning, reading and putting away, up to `until`."""

@@ -13,21 +13,23 @@ from django.db.models import (
 from policies.selection import select, share_policy, sort_policy
 from policies.sorting import in_read_order
 
-from . import db, health as h, plugins
+from . import db, health as h, plan, plugins
 from .delivery import DeliveryError
 from .models import (
-    ACTIVE_STATES, IN_FLIGHT_STATES, Control, ErrorClass, FileLocation, Job, JobState, RequestState,
+    ACTIVE_STATES, IN_FLIGHT_STATES, READY, Control, ErrorClass, FileLocation, Job, JobState, RequestState,
     RestoreRequest, StagerHealth, Tape, path_key,
 )
 from .plugins import PluginError
 from .services import bulk_notify_complete, request_cancel, request_transition
 from .stagers.base import JobSpec, StagerUnavailable
+from .tape import MEDIA, mount_profile
 
 log = logging.getLogger("carousel.loop")
 # Longer than any copy may take (the site command's own timeout is an hour): a delivery still
 # marked started after this lost its worker and is started again.
 DELIVERY_LEASE_S = 6 * 3600
 S = RequestState
+FINISHED_JOBS = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
 
 
 @dataclass
@@ -41,6 +43,7 @@ class CycleReport:
     retrying: int = 0
     submitted: int = 0
     jobs_sent: list = field(default_factory=list)
+    preempted: int = 0
     delivering: int = 0
     health: str = h.HEALTHY
     jobs_limit: int = 0
@@ -73,7 +76,8 @@ def _work(*, now, stager, control, state, report):
     stager unreachable ends the cycle's work and marks it down; the next cycle probes."""
     try:
         report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch)
-        budget = disk_budget(stager=stager, control=control)
+        status = stager.status() or {}
+        budget = disk_budget(status=status, control=control)
         sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)
     except PluginError as exc:
         # An operator's policy name that no longer resolves: submit nothing, say why.
@@ -89,12 +93,17 @@ def _work(*, now, stager, control, state, report):
         report.error = f"disk buffer: no room below {control.disk_threshold:.0%} with what is on its way"
     else:
         jobs = claim_jobs(now=now, control=control, sort=sort, share=share, jobs_limit=state.limit,
-                          byte_budget=budget)
+                          byte_budget=budget, drives=MountPlanner.from_status(status, control))
         report.submitted = sum(len(j.paths) for j in jobs)
         report.jobs_sent = [j.id for j in jobs]
         if budget is not None and not jobs:
             report.error = "disk buffer: the next files do not fit below the threshold"
-    # Jobs committed by this or an interrupted earlier cycle go out now.
+    try:
+        report.preempted = preempt(now=now, stager=stager, control=control)
+    except StagerUnavailable as exc:
+        return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"cancel: {exc}"), control=control)
+    # Jobs committed by this or an interrupted earlier cycle go out now (planned ones once the
+    # job before them on their drive's chain is finished).
     error = send_jobs(now=now, stager=stager)
     if error:
         return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"submit: {error}"), control=control)
@@ -124,10 +133,10 @@ def judge_stager(*, now, seen, control):
     return after
 
 
-def disk_budget(*, stager, control):
+def disk_budget(*, status, control):
     """The bytes new jobs may still bring to the stager's disk buffer before its projected
-    use reaches the threshold (None: the stager does not report its buffer)."""
-    status = stager.status() or {}
+    use reaches the threshold (None: the stager does not report its buffer). `status`: the
+    stager's status()."""
     free, total = status.get("disk_free_bytes"), status.get("disk_total_bytes")
     StagerHealth.objects.filter(id=1).update(disk_free_bytes=free, disk_total_bytes=total)
     if not total or free is None:
@@ -369,15 +378,17 @@ def _record_locations(found, *, now):
         batch_size=2000)
 
 
-def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None):
+def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, drives=None):
     """Choose this cycle's requests with the active policies, claim them, group them into
     jobs of at most N files per tape in read order, and commit jobs and claims together.
     Claiming locks with SKIP LOCKED and re-checks the state, so two cycles can never send the
     same request. Slots: N files times the jobs allowed in flight (the adaptive limit, K by
-    default), less the files in flight; and no more bytes than `byte_budget`, when given."""
+    default), less the files planned or in flight, at most `choose_per_cycle`; and no more
+    bytes than `byte_budget`, when given. With `drives` (a MountPlanner), the jobs are laid
+    out on the drives' chains (carousel/plan.py)."""
     jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
-    slots = control.files_per_job * jobs_limit - in_flight
+    slots = min(control.files_per_job * jobs_limit - in_flight, control.choose_per_cycle)
     selection = select(now=now, control=control, sort=sort, share=share, slots=slots)
     if byte_budget is not None:
         selection.chosen = _within(selection.chosen, byte_budget)
@@ -393,7 +404,8 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None):
             .values_list("id", "path", "path_key")
         )
         chosen = [c for c in selection.chosen if c.id in claimed]
-        return _make_jobs(chosen, claimed, selection.tapes, now=now, files_per_job=control.files_per_job)
+        return _make_jobs(chosen, claimed, selection.tapes, now=now, files_per_job=control.files_per_job,
+                          drives=drives, control=control)
 
 
 def _within(chosen, byte_budget):
@@ -407,38 +419,177 @@ def _within(chosen, byte_budget):
     return kept
 
 
-def _make_jobs(chosen, claimed, tapes, *, now, files_per_job):
+def _make_jobs(chosen, claimed, tapes, *, now, files_per_job, drives=None, control=None):
     """Tapes in the order the policies chose them; each tape's files in read order, at most
-    files_per_job distinct files per job. All jobs in one INSERT, all claims in one UPDATE."""
+    files_per_job distinct files per job. With `drives`, each tape's work is a piece of a
+    drive's chain (MountPlanner); a piece longer than N files is several jobs sent together.
+    All jobs in one INSERT, all claims in one UPDATE."""
     by_tape = {}
     for c in chosen:
         by_tape.setdefault(c.tape, []).append(c)
-    jobs, job_of_key, rank_of_key = [], {}, {}
+    ordered = {}  # tape -> [(path, key, position, size)] in read order, one per file
     for tape_id, candidates in by_tape.items():
-        files = list(dict.fromkeys(claimed[c.id] for c in in_read_order(candidates, tapes)))
-        for start in range(0, len(files), files_per_job):
-            part = files[start:start + files_per_job]
-            job = Job(tape_id=tape_id, files=len(part), created_at=now, rank=len(jobs))
+        files = {}
+        for c in in_read_order(candidates, tapes):
+            files.setdefault(claimed[c.id], (*claimed[c.id], c.position or 0, c.size or 0))
+        ordered[tape_id] = list(files.values())
+    if drives is not None:
+        pieces = drives.lay_out(ordered, tapes, now=now, control=control)
+    else:
+        pieces = [_Planned(tape_id, files) for tape_id, files in ordered.items()]
+    jobs, job_of_key, rank_of_key = [], {}, {}
+    for piece in pieces:
+        # A piece after another one planned in this cycle follows that one's last job.
+        after = piece.after.last_job if isinstance(piece.after, _Planned) else piece.after
+        for start in range(0, len(piece.files), files_per_job):
+            part = piece.files[start:start + files_per_job]
+            job = Job(tape_id=piece.tape, files=len(part), created_at=now, rank=len(jobs), chain=piece.chain,
+                      after_id=after, jumps_queue=bool(piece.relink_from), estimate_s=piece.estimate_s * len(part) / len(piece.files))
             jobs.append((job, part))
-            job_of_key.update((key, job.id) for _, key in part)
-            rank_of_key.update((key, rank) for rank, (_, key) in enumerate(part))
+            job_of_key.update((f[1], job.id) for f in part)
+            rank_of_key.update((f[1], rank) for rank, f in enumerate(part))
+            piece.last_job = job.id
     if not jobs:
         return []
     Job.objects.bulk_create([job for job, _ in jobs])
+    for piece in pieces:
+        if piece.relink_from:
+            # A short mount put before the long ones: what followed its drive's current job
+            # now follows it.
+            Job.objects.filter(state=JobState.PENDING, after_id=piece.relink_from, chain=piece.chain).exclude(
+                created_at=now).update(after_id=piece.last_job)
     # Other users' queued requests for the same files ride along in the same stage.
     request_transition(RestoreRequest.objects.filter(path_key__in=list(job_of_key), state=S.QUEUED), S.SUBMITTED,
                        now=now, job_id=Case(*[When(path_key=k, then=Value(j)) for k, j in job_of_key.items()],
                                             output_field=UUIDField()),
                        job_rank=Case(*[When(path_key=k, then=Value(r)) for k, r in rank_of_key.items()],
                                      output_field=PositiveIntegerField()))
-    return [JobSpec(id=str(job.id), paths=[p for p, _ in part]) for job, part in jobs]
+    return [JobSpec(id=str(job.id), paths=[f[0] for f in part]) for job, part in jobs]
+
+
+@dataclass
+class _Planned:
+    """A piece of work for one tape, as the jobs that carry it: its files (path, key, position,
+    size) in read order; its drive chain ("" when unplanned) and the job it follows."""
+
+    tape: int
+    files: list
+    chain: str = ""
+    after: object = None  # a Job id, or an earlier _Planned of this cycle
+    estimate_s: float = 0.0
+    relink_from: object = None  # a short piece's: the job whose pending successors now follow it
+    last_job: object = None  # set once its jobs exist
+
+
+@dataclass
+class MountPlanner:
+    """Lays a cycle's new work out on the drives' chains (carousel/plan.py) from what is
+    already planned or in flight. `drives`: media -> drives to plan for."""
+
+    drives: dict
+    read_rate_mb_s: float | None = None
+    exchange_s: float = 11.0
+
+    @classmethod
+    def from_status(cls, status, control):
+        """From the stager's status() and the control row; None (no plan) when neither gives a
+        drive count."""
+        counts = {}
+        for drive in status.get("drives") or []:
+            media = drive.get("media") or ""
+            counts[media] = counts.get(media, 0) + 1
+        if control.drives:
+            counts = {(next(iter(counts)) if len(counts) == 1 else ""): control.drives}
+        if not counts:
+            return None
+        return cls(drives=counts, read_rate_mb_s=status.get("read_rate_mb_s"),
+                   exchange_s=float(status.get("exchange_s") or 11.0))
+
+    def lay_out(self, ordered, tapes, *, now, control):
+        """[_Planned] for {tape id: [(path, key, position, size)] in read order}."""
+        chains = self._chains(now)
+        pending_tape = {tape: (chain, after) for tape, chain, after in Job.objects.filter(
+            state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").order_by("created_at", "rank")
+            .values_list("tape_id", "chain", "after_id")}
+        pieces, work = [], {}
+        for tape_id, files in ordered.items():
+            media = tapes[tape_id].media if tape_id in tapes else None
+            group = media if media in self.drives else ("" if "" in self.drives else None)
+            if group is None or media not in MEDIA:
+                pieces.append(_Planned(tape_id, files))  # no drive or no model for it: sent at once
+                continue
+            pre, suf = mount_profile(media, [(f[2], f[3]) for f in files], read_rate_mb_s=self.read_rate_mb_s,
+                                     exchange_s=self.exchange_s)
+            if tape_id in pending_tape:  # joins the tape's planned mount: sent with it
+                chain, after = pending_tape[tape_id]
+                pieces.append(_Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1]))
+            elif pre[-1] <= control.short_mount_s:
+                pieces.append(self._short(tape_id, files, pre[-1], chains, group))
+            else:
+                work.setdefault(group, []).append(plan.TapeWork(tape_id, tuple(range(len(files))), tuple(pre),
+                                                                tuple(suf)))
+        # Cut tapes across drives only for the last of the backlog: while more waits, whole
+        # tapes keep every drive busy with one mount each.
+        # (This cycle's claims are still queued until its jobs are made.)
+        keys = [f[1] for files in ordered.values() for f in files]
+        split = not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists()
+        for group, tape_work in work.items():
+            ends = {name: c.end_s for name, c in chains.items() if name.startswith(f"{group}/")}
+            layout, _ = plan.plan(ends, tape_work, split=split)
+            for name, new in layout.items():
+                after = chains[name].tail
+                for p in new:
+                    files = [ordered[p.tape][i] for i in p.keys]
+                    after = _Planned(p.tape, files, chain=name, after=after, estimate_s=p.seconds)
+                    pieces.append(after)
+        return pieces
+
+    def _short(self, tape_id, files, estimate, chains, group):
+        """A short mount goes next on the drive whose current mount ends first; the rest of that
+        drive's chain follows it."""
+        mine = {name: c for name, c in chains.items() if name.startswith(f"{group}/")}
+        name = min(mine, key=lambda n: (mine[n].head_left_s, n))
+        chain = mine[name]
+        chain.head_left_s += estimate
+        if chain.head is None:
+            return _Planned(tape_id, files, chain=name, estimate_s=estimate)
+        return _Planned(tape_id, files, chain=name, after=chain.head, estimate_s=estimate, relink_from=chain.head)
+
+    def _chains(self, now):
+        """{chain name: _Chain} for every drive, from the unfinished jobs on the chains."""
+        chains = {f"{media}/{i}": _Chain() for media, n in self.drives.items() for i in range(n)}
+        jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
+                    .order_by("created_at", "rank").values_list("id", "chain", "state", "after_id", "estimate_s",
+                                                                "files"))
+        sent = [j[0] for j in jobs if j[2] == JobState.SENT]
+        left = dict(RestoreRequest.objects.filter(job_id__in=sent, state__in=IN_FLIGHT_STATES).order_by()
+                    .values_list("job_id").annotate(n=Count("path_key", distinct=True)).values_list("job_id", "n"))
+        followed = {j[3] for j in jobs}
+        for job_id, name, state, after, estimate, files in jobs:
+            chain = chains.setdefault(name, _Chain())
+            share = estimate * (left.get(job_id, 0) / files if state == JobState.SENT and files else 1.0)
+            chain.end_s += share
+            if state == JobState.SENT:
+                chain.head, chain.head_left_s = job_id, chain.head_left_s + share
+            if job_id not in followed:
+                chain.tail = job_id
+        return chains
+
+
+@dataclass
+class _Chain:
+    end_s: float = 0.0  # until its planned and sent work is done (estimated)
+    head: object = None  # the job on its drive now
+    head_left_s: float = 0.0  # until that job and the short mounts put before the rest are done
+    tail: object = None  # the job that new work follows
 
 
 def send_jobs(*, now, stager):
     """Send every committed, unacknowledged job. A job left pending by a crash is sent again
     with the same id, which the stager treats as the same job. Returns the error that stopped
     sending, or ""."""
-    pending = {str(j.id): j for j in Job.objects.filter(state=JobState.PENDING).select_related("tape")
+    ready = Q(after__isnull=True) | Q(after__state__in=FINISHED_JOBS)
+    pending = {str(j.id): j for j in Job.objects.filter(ready, state=JobState.PENDING).select_related("tape")
                .order_by("created_at", "rank")}
     files = _files_in_flight(pending)
     for job_id, job in pending.items():
@@ -458,6 +609,40 @@ def send_jobs(*, now, stager):
         Job.objects.filter(id=job.id, state=JobState.PENDING).update(
             state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now)
     return ""
+
+
+def preempt(*, now, stager, control):
+    """A short mount that has waited `preempt_after_s` behind a long one on its drive's chain
+    cuts that one short: the long mount's files after the one on the drive are withdrawn from
+    the stager and go back to the queue (not counted as an attempt), so the drive comes free
+    after the file it is reading. At most one per `preempt_gap_s`, so long mounts are not cut
+    to pieces. Returns the files withdrawn."""
+    if control.preempt_after_s <= 0:
+        return 0
+    last = StagerHealth.objects.values_list("preempted_at", flat=True).first()
+    if last is not None and (now - last).total_seconds() < control.preempt_gap_s:
+        return 0
+    waiting = (Job.objects.filter(state=JobState.PENDING, jumps_queue=True,
+                                  after__state=JobState.SENT, after__estimate_s__gt=control.short_mount_s,
+                                  created_at__lte=now - timedelta(seconds=control.preempt_after_s))
+               .select_related("after").order_by("created_at", "rank").first())
+    if waiting is None:
+        return 0
+    long = waiting.after
+    paths = list(dict.fromkeys(RestoreRequest.objects.filter(job=long, state__in=IN_FLIGHT_STATES)
+                               .order_by("job_rank", "id").values_list("path", flat=True)))
+    # The first of them in read order is on the drive (or next to be): it finishes.
+    withdrawn = paths[1:]
+    if not withdrawn:
+        return 0
+    stager.cancel(long.backend_id, withdrawn)
+    with transaction.atomic():
+        n = request_transition(RestoreRequest.objects.filter(job=long, path__in=withdrawn, state__in=IN_FLIGHT_STATES),
+                               S.QUEUED, now=now, attempts=F("attempts") - 1)
+        StagerHealth.objects.filter(id=1).update(preempted_at=now)
+    log.info("job %s cut after its current file for short job %s: %d requests back in the queue", long.id,
+             waiting.id, n)
+    return len(withdrawn)
 
 
 def _refused(job, exc, *, now):

@@ -79,10 +79,29 @@ class Control(Singleton):
     sort_policy = models.CharField(max_length=64, default="TAPEID")
     share_policy = models.CharField(max_length=64, default="GRPW")
     policy_params = models.JSONField(default=dict, blank=True)
-    files_per_job = models.PositiveIntegerField("files per job (N)", default=15)
-    jobs_in_flight = models.PositiveIntegerField("jobs in flight (K)", default=50)
+    files_per_job = models.PositiveIntegerField("files per job (N)", default=100)
+    jobs_in_flight = models.PositiveIntegerField(
+        "jobs in flight (K)", default=50,
+        help_text="N × K requests at most are planned or at the stager; the rest wait here, where the policies "
+                  "can still reorder them.")
+    choose_per_cycle = models.PositiveIntegerField(
+        "requests chosen per cycle", default=750,
+        help_text="Bounds one cycle's work; a window emptied at once refills over a few cycles.")
+    drives = models.PositiveSmallIntegerField(
+        "drives to plan for", default=0,
+        help_text="0: as many as the stager reports. With a count, each drive gets a chain of mounts, the next "
+                  "sent when the previous is done; a stager that reports none and no count here: no plan, every "
+                  "job goes out at once.")
+    short_mount_s = models.FloatField(
+        "short mount (s)", default=900.0,
+        help_text="A planned mount estimated shorter than this goes before the long ones of its drive.")
+    preempt_after_s = models.FloatField(
+        "preempt after (s)", default=120.0,
+        help_text="A short mount waiting this long behind a long one cuts it: the long one's unread files go back "
+                  "to the queue. 0: never.")
+    preempt_gap_s = models.FloatField("at most one preemption per (s)", default=300.0)
     cycle_s = models.FloatField("cycle period (s)", default=10.0)
-    default_user_cap = models.PositiveIntegerField("default requests in flight per user", default=500)
+    default_user_cap = models.PositiveIntegerField("default requests in flight per user", default=2500)
     default_group_cap = models.PositiveIntegerField("default requests in flight per group", default=5000)
     default_queued_ceiling = models.PositiveIntegerField("default queued requests per user", default=500_000)
     max_wait_s = models.FloatField("maximum wait (s)", default=4 * 3600.0,
@@ -149,6 +168,7 @@ class StagerHealth(Singleton):
     disk_free_bytes = models.BigIntegerField(null=True, blank=True)
     disk_total_bytes = models.BigIntegerField(null=True, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
+    preempted_at = models.DateTimeField("last preemption", null=True, blank=True)
 
     class Meta:
         verbose_name = "stager health"
@@ -284,6 +304,13 @@ class Job(models.Model):
     created_at = models.DateTimeField()
     # The policies' order among the jobs of one cycle: they are sent in it.
     rank = models.PositiveIntegerField(default=0)
+    # The mount plan (carousel/plan.py): the drive chain the job is on, the job it is sent
+    # after (once that one is finished), and its mount's estimated drive time.
+    chain = models.CharField(max_length=32, blank=True)
+    after = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    estimate_s = models.FloatField(default=0.0)
+    # A short mount put before the long ones of its chain: it may cut the one on the drive.
+    jumps_queue = models.BooleanField(default=False)
     sent_at = models.DateTimeField(null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -220,7 +220,7 @@ def _loop_deadline(row, now):
     wait), jobs in flight reaching the stall time."""
     from django.db.models import Max, Min
 
-    from .models import ACTIVE_STATES, Job, JobState, RequestState, RestoreRequest
+    from .models import ACTIVE_STATES, Job, JobState, RequestState, RestoreRequest, StagerHealth
 
     moments = []
     retry = RestoreRequest.objects.filter(state=RequestState.RETRY).aggregate(m=Min("retry_at"))["m"]
@@ -235,6 +235,12 @@ def _loop_deadline(row, now):
     progress = Job.objects.filter(state=JobState.SENT).aggregate(m=Max("progress_at"))["m"]
     if progress:
         moments.append(progress + timedelta(seconds=row.stall_after_s))
+    if row.preempt_after_s > 0:  # a short mount waiting behind a long one may cut it
+        waiting = Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT).aggregate(m=Min("created_at"))["m"]
+        if waiting:
+            last = StagerHealth.get().preempted_at
+            moments.append(max(waiting + timedelta(seconds=row.preempt_after_s),
+                               last + timedelta(seconds=row.preempt_gap_s) if last else waiting))
     seconds = [(m - EPOCH).total_seconds() for m in moments]
     later = [s for s in seconds if s > now]
     return min(later, default=None)

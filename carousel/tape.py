@@ -234,3 +234,35 @@ def fit_locate(media):
         speed = distance / (media.avg_access_s - fixed - switches)
     # The mean distance to BOT from a random byte is the mean distance from BOT to it.
     return fixed, speed, media.avg_rewind_s - distance / speed
+
+
+def mount_profile(media, files_in_order, *, read_rate_mb_s=None, exchange_s=0.0):
+    """Drive time of the mounts that read a prefix or a suffix of these (offset, size) files,
+    in this order, robot exchanges (fetch and put-back) included: (pre, suf) with pre[k] for a
+    mount reading files[:k] and suf[k] for one reading files[k:]; pre[0] and suf[n] are 0.
+    The mount planner (carousel/plan.py) cuts a tape's work where these say."""
+    media = as_media(media)
+    n = len(files_in_order)
+    fixed = 2 * exchange_s + media.load_s + media.unload_s
+    steps = []  # locate from the previous file's end and read, in this order
+    head = 0
+    for offset, size in files_in_order:
+        steps.append(locate_s(media, head, offset) + read_s(media, size, read_rate_mb_s))
+        head = offset + size
+    pre = [0.0] * (n + 1)
+    run = 0.0
+    for k in range(1, n + 1):
+        run += steps[k - 1]
+        offset, size = files_in_order[k - 1]
+        pre[k] = fixed + run + rewind_s(media, offset + size)
+    suf = [0.0] * (n + 1)
+    if n:
+        last_offset, last_size = files_in_order[-1]
+        tail = rewind_s(media, last_offset + last_size)
+        run = 0.0
+        for k in range(n - 1, -1, -1):
+            # The suffix's first file is located from BOT after the load, not from files[k-1].
+            offset, size = files_in_order[k]
+            suf[k] = fixed + run + locate_s(media, 0, offset) + read_s(media, size, read_rate_mb_s) + tail
+            run += steps[k]
+    return pre, suf

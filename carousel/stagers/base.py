@@ -65,6 +65,8 @@ class Stager:
 
     def status(self):
         """What the backend knows of its drives, queues and disk buffer, as a dict ({} when
-        nothing). Known keys: "drives" (a list of dicts: "name", "tape", "activity"),
-        "queued_files", "disk_free_bytes", "disk_total_bytes"."""
+        nothing). Known keys: "drives" (a list of dicts: "name", "media", "tape", "activity"),
+        "queued_files", "disk_free_bytes", "disk_total_bytes"; "read_rate_mb_s" and
+        "exchange_s" (a robot's cartridge move) when they differ from the media's tables. The
+        loop plans mounts for the drives listed (carousel/plan.py)."""
         return {}

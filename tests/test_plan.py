@@ -1,0 +1,206 @@
+"""The mount plan: the pure planner (carousel/plan.py), and the loop laying jobs out on the
+drives' chains, sending each when the one before it is done, and cutting a long mount for a
+short one that waited (carousel/loop.py)."""
+import random
+from datetime import timedelta
+
+import pytest
+
+from carousel import plan
+from carousel.library import File, Library
+from carousel.loop import run_cycle
+from carousel.models import Control, Job, JobState, RestoreRequest, StagerHealth
+from carousel.services import restore_submit
+from carousel.stagers.simulated import SimulatedStager
+from carousel.tape import GB, mount_profile, tape_work_s
+
+
+def work(tape, media, files, exchange_s=11.0):
+    pre, suf = mount_profile(media, files, exchange_s=exchange_s)
+    return plan.TapeWork(tape, tuple(range(len(files))), tuple(pre), tuple(suf))
+
+
+def scattered(rng, n, media_bytes=11_000 * GB, size=10 * GB):
+    offsets = sorted(rng.sample(range(0, media_bytes // size - 1), n))
+    return [(o * size, size) for o in offsets]
+
+
+def test_mount_profile_adds_up_to_the_whole_mount():
+    files = [(0, 2 * GB), (2 * GB, 3 * GB), (900 * GB, GB), (4_000 * GB, 5 * GB)]
+    pre, suf = mount_profile("LTO-8", files, exchange_s=11.0)
+    whole = tape_work_s("LTO-8", files) + 22.0
+    assert pre[0] == 0 and suf[-1] == 0
+    assert pre[-1] == pytest.approx(whole) and suf[0] == pytest.approx(whole)
+    assert all(a < b for a, b in zip(pre, pre[1:]))
+    assert all(a > b for a, b in zip(suf, suf[1:]))
+    # Cut in two, the pieces cost more than the whole: a second mount's fixed costs.
+    assert all(pre[k] + suf[k] > whole for k in range(1, len(files)))
+
+
+def check(ends, tapes, layout, span):
+    """Every file planned once; pieces of one tape never overlap in time, never shorter than
+    MIN_PIECE_S when cut; the makespan is what the pieces say."""
+    seen = {}
+    windows = {}
+    for chain, pieces in layout.items():
+        clock = ends[chain]
+        for piece in pieces:
+            assert piece.start_s == pytest.approx(clock)
+            clock += piece.seconds
+            for key in piece.keys:
+                assert (piece.tape, key) not in seen
+                seen[(piece.tape, key)] = chain
+            windows.setdefault(piece.tape, []).append((piece.start_s, piece.start_s + piece.seconds))
+        assert clock <= span + 1e-6
+    assert set(seen) == {(t.tape, k) for t in tapes for k in t.keys}
+    for tape, spans in windows.items():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:])), tape
+        if len(spans) > 1:
+            assert all(b - a >= plan.MIN_PIECE_S for a, b in spans)
+
+
+def test_whole_tapes_longest_first_when_more_work_waits():
+    rng = random.Random(1)
+    tapes = [work(f"T{i}", "LTO-7", scattered(rng, 30)) for i in range(21)]
+    ends = {f"d{i}": 0.0 for i in range(15)}
+    layout, span = plan.plan(ends, tapes, split=False)
+    check(ends, tapes, layout, span)
+    assert sum(len(p) for p in layout.values()) == 21  # one mount per tape
+    # The six shortest tapes go second, to the drives that free first.
+    seconds = sorted(t.seconds for t in tapes)
+    assert span == pytest.approx(max(p.start_s + p.seconds for ps in layout.values() for p in ps))
+    assert span >= seconds[-1]
+
+
+def test_the_last_of_the_backlog_is_cut_so_the_drives_finish_together():
+    """bnl-704's shape: 21 tapes on 15 drives take two rounds whole; cut, far less."""
+    rng = random.Random(2)
+    tapes = [work(f"T{i}", "LTO-7", scattered(rng, 33)) for i in range(21)]
+    ends = {f"d{i}": 0.0 for i in range(15)}
+    _, whole = plan.plan(ends, tapes, split=False)
+    layout, span = plan.plan(ends, tapes, split=True)
+    check(ends, tapes, layout, span)
+    total = sum(t.seconds for t in tapes)
+    assert span < 0.8 * whole
+    assert span < 1.15 * max(total / 15, max(t.seconds for t in tapes))
+    pieces = sum(len(p) for p in layout.values())
+    assert 21 < pieces <= 2 * 21  # at most one cut per tape
+
+
+def test_random_plans_are_valid_and_never_worse_than_whole_tapes():
+    rng = random.Random(3)
+    for _ in range(60):
+        drives = rng.randint(1, 6)
+        ends = {f"d{i}": rng.choice([0.0, 0.0, rng.uniform(0, 3000)]) for i in range(drives)}
+        tapes = [work(f"T{i}", "LTO-8", scattered(rng, rng.randint(1, 25))) for i in range(rng.randint(1, 12))]
+        split = rng.random() < 0.7
+        layout, span = plan.plan(ends, tapes, split=split)
+        check(ends, tapes, layout, span)
+        _, whole = plan.plan(ends, tapes, split=False)
+        assert span <= whole + 1e-6
+
+
+# The loop ------------------------------------------------------------------------------------
+
+def library_stager(drives, tapes, *, start=0.0):
+    """A simulated library in replay mode on a clock the test moves; `tapes`: label -> [(path,
+    offset, size)]."""
+    files = {path: File(path, label, "LTO-8", offset, size)
+             for label, entries in tapes.items() for path, offset, size in entries}
+    library = Library(drives={"LTO-8": drives}, now=start)
+    clock = [start]
+    return SimulatedStager(library=library, files=files, clock=lambda: clock[0]), clock
+
+
+@pytest.fixture
+def planned(db, now):
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 50, "jobs_in_flight": 10,
+                                                     "sort_policy": "TAPEID", "mount_min_files": 1})
+    return now
+
+
+def test_one_mount_per_drive_at_the_stager_and_the_next_when_it_is_done(planned, alice):
+    now = planned
+    tapes = {f"T{t}": [(f"/d/T{t}/f{i}", i * 200 * GB, 20 * GB) for i in range(12)] for t in range(4)}
+    stager, clock = library_stager(2, tapes)
+    restore_submit(user=alice, paths=[p for entries in tapes.values() for p, _, _ in entries], now=now)
+    run_cycle(now=now, stager=stager)
+    jobs = list(Job.objects.order_by("created_at", "rank"))
+    assert len(jobs) == 4 and {j.chain for j in jobs} == {"LTO-8/0", "LTO-8/1"}
+    sent = [j for j in jobs if j.state == JobState.SENT]
+    assert len(sent) == 2 and {j.chain for j in sent} == {"LTO-8/0", "LTO-8/1"}
+    waiting = [j for j in jobs if j.state == JobState.PENDING]
+    assert {j.after_id for j in waiting} == {j.id for j in sent}  # each behind its drive's mount
+    # The stager holds one mount per drive; the rest waits here.
+    assert len(stager.library.queue) == 0 and sum(1 for d in stager.library.drives if d.tape) == 2
+    first_done = None
+    step = 0.0
+    while step < 20_000 and first_done is None:
+        step += 10
+        clock[0] = step
+        run_cycle(now=now + timedelta(seconds=step), stager=stager)
+        finished = Job.objects.filter(state=JobState.DONE).order_by("finished_at").first()
+        if finished:
+            first_done = finished
+    assert first_done is not None
+    follower = Job.objects.get(after=first_done)
+    assert follower.state == JobState.SENT and follower.sent_at >= first_done.finished_at
+    while RestoreRequest.objects.exclude(state="done").exists() and step < 40_000:
+        step += 10
+        clock[0] = step
+        run_cycle(now=now + timedelta(seconds=step), stager=stager)
+    assert not RestoreRequest.objects.exclude(state="done").exists()
+    assert stager.library.mounts == 4
+
+
+def test_a_short_mount_goes_first_and_cuts_a_long_one_that_keeps_it_waiting(planned, alice, bob):
+    now = planned
+    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900)
+    long_tape = [(f"/d/L/f{i}", i * 100 * GB, 20 * GB) for i in range(40)]
+    stager, clock = library_stager(1, {"L": long_tape, "S": [("/d/S/one", 300 * GB, 2 * GB)]})
+    restore_submit(user=alice, paths=[p for p, _, _ in long_tape], now=now)
+    run_cycle(now=now, stager=stager)
+    (long,) = Job.objects.filter(state=JobState.SENT)
+    assert long.estimate_s > 900
+    clock[0] = 300.0
+    restore_submit(user=bob, paths=["/d/S/one"], now=now + timedelta(seconds=300))
+    run_cycle(now=now + timedelta(seconds=300), stager=stager)
+    short = Job.objects.get(tape__label="S")
+    assert short.state == JobState.PENDING and short.after_id == long.id and short.jumps_queue
+    # Not yet: it has waited less than preempt_after_s.
+    clock[0] = 360.0
+    assert run_cycle(now=now + timedelta(seconds=360), stager=stager).preempted == 0
+    clock[0] = 430.0
+    report = run_cycle(now=now + timedelta(seconds=430), stager=stager)
+    assert report.preempted > 30
+    back = RestoreRequest.objects.filter(user=alice, state="queued")
+    assert back.count() == report.preempted
+    assert set(back.values_list("attempts", flat=True)) == {0}  # a cut is not a failed attempt
+    assert StagerHealth.get().preempted_at == now + timedelta(seconds=430)
+    bob_done = None
+    t = 430.0
+    while t < 3000 and bob_done is None:
+        t += 10
+        clock[0] = t
+        run_cycle(now=now + timedelta(seconds=t), stager=stager)
+        bob_done = RestoreRequest.objects.filter(user=bob, state="done").first()
+    assert bob_done is not None
+    assert (bob_done.finished_at - bob_done.created_at).total_seconds() < 1200
+    # Alice's cut files are read later, none lost and none read twice.
+    while RestoreRequest.objects.exclude(state="done").exists() and t < 40_000:
+        t += 10
+        clock[0] = t
+        run_cycle(now=now + timedelta(seconds=t), stager=stager)
+    assert RestoreRequest.objects.filter(state="done").count() == 41
+    reads = [path for _, _, path, _ in stager.library.reads]
+    assert len(reads) == len(set(reads)) == 41
+
+
+def test_without_a_drive_count_every_job_goes_out_at_once(planned, alice, settings):
+    settings.CAROUSEL_STAGER = "immediate"
+    now = planned
+    restore_submit(user=alice, paths=[f"/d/x/f{i}" for i in range(120)], now=now)
+    run_cycle(now=now)
+    assert not Job.objects.filter(state=JobState.PENDING).exists()
+    assert set(Job.objects.values_list("chain", flat=True)) == {""}
