@@ -217,49 +217,53 @@ def collect_progress(*, now, stager, control, report):
         _unexpected(exc, "polling")
         return h.Observation(reachable=False, error=f"poll: {exc}")
     results = failures = 0
-    moved = False
     tape_failures = {}
+    # What moved, gathered over all jobs and written in one statement each: a path in flight
+    # belongs to one job only, so (job in these, path in those) picks exactly these files.
+    starting, done, failed, moved_jobs, ended_jobs = [], [], [], [], []
     for job_id, job in jobs.items():
         statuses = answers.get(job_id)
-        in_job = RestoreRequest.objects.filter(job=job)
         if statuses is None:
             # The backend does not know this job: put its requests back in the queue.
-            request_transition(in_job.filter(state__in=IN_FLIGHT_STATES), S.QUEUED, now=now)
+            request_transition(RestoreRequest.objects.filter(job=job, state__in=IN_FLIGHT_STATES), S.QUEUED, now=now)
             Job.objects.filter(id=job.id).update(state=JobState.FAILED, finished_at=now)
             continue
         current = files[job_id]
-        by_state = {}
+        ended = set()
+        moved = False
         for st in statuses:
-            if st.path in current:
-                by_state.setdefault(st.state, []).append(st)
-        starting = [st.path for st in by_state.get("staging", []) if S.SUBMITTED in current[st.path]]
-        ended = by_state.get("done", []) + by_state.get("failed", [])
-        if not starting and not ended:
-            continue  # nothing moved in this job: no write
+            if st.path not in current:
+                continue
+            if st.state == "staging" and S.SUBMITTED in current[st.path]:
+                starting.append(st.path)
+                moved = True
+            elif st.state in ("done", "failed"):
+                (done if st.state == "done" else failed).append((job, st))
+                ended.add(st.path)
+                moved = True
+        if moved:
+            moved_jobs.append(job.id)
+        if ended >= set(current):
+            ended_jobs.append(job.id)
+    if moved_jobs:
         with transaction.atomic():
-            progressed = 0
+            in_jobs = RestoreRequest.objects.filter(job_id__in=moved_jobs)
             if starting:
-                progressed += request_transition(in_job.filter(path__in=starting), S.STAGING, now=now)
-            if "done" in by_state:
-                n = _staged(in_job, by_state["done"], now=now)
-                report.done += n
-                progressed += n
-                results += len(by_state["done"])
-            for st in by_state.get("failed", []):
-                n = _fail(in_job.filter(path=st.path), st, now=now, control=control, report=report)
-                progressed += n
+                request_transition(in_jobs.filter(path__in=starting), S.STAGING, now=now)
+            if done:
+                report.done += _staged(in_jobs, [st for _, st in done], now=now)
+                results += len(done)
+            for job, st in failed:
+                _fail(in_jobs.filter(job=job, path=st.path), st, now=now, control=control, report=report)
                 results += 1
                 # Only the stager's own trouble throttles it; a user's missing files do not.
                 failures += st.error_class == ErrorClass.TRANSIENT
                 if job.tape_id and st.error_class in (ErrorClass.TRANSIENT, ErrorClass.PERMANENT):
                     tape_failures.setdefault(job.tape_id, []).append(st.message)
-            if progressed:
-                moved = True
-                Job.objects.filter(id=job.id).update(progress_at=now)
-            if {st.path for st in ended} >= set(current):
-                Job.objects.filter(id=job.id).update(state=JobState.DONE, finished_at=now)
+            Job.objects.filter(id__in=moved_jobs).update(progress_at=now)
+            Job.objects.filter(id__in=ended_jobs).update(state=JobState.DONE, finished_at=now)
     count_tape_failures(tape_failures, now=now, control=control)
-    progressed = moved or bool(results)
+    progressed = bool(moved_jobs)
     # Stalled: jobs wait at the stager, and none has moved for the stall time.
     latest = None if progressed else Job.objects.filter(state=JobState.SENT).aggregate(p=Max("progress_at"))["p"]
     stalled = latest is not None and (now - latest).total_seconds() > control.stall_after_s
@@ -428,13 +432,14 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job, drives=None, contr
     for c in chosen:
         by_tape.setdefault(c.tape, []).append(c)
     ordered = {}  # tape -> [(path, key, position, size)] in read order, one per file
+    users = {tape_id: {c.user for c in candidates} for tape_id, candidates in by_tape.items()}
     for tape_id, candidates in by_tape.items():
         files = {}
         for c in in_read_order(candidates, tapes):
             files.setdefault(claimed[c.id], (*claimed[c.id], c.position or 0, c.size or 0))
         ordered[tape_id] = list(files.values())
     if drives is not None:
-        pieces = drives.lay_out(ordered, tapes, now=now, control=control)
+        pieces = drives.lay_out(ordered, tapes, users, now=now, control=control)
     else:
         pieces = [_Planned(tape_id, files) for tape_id, files in ordered.items()]
     jobs, job_of_key, rank_of_key = [], {}, {}
@@ -505,9 +510,15 @@ class MountPlanner:
         return cls(drives=counts, read_rate_mb_s=status.get("read_rate_mb_s"),
                    exchange_s=float(status.get("exchange_s") or 11.0))
 
-    def lay_out(self, ordered, tapes, *, now, control):
-        """[_Planned] for {tape id: [(path, key, position, size)] in read order}."""
+    def lay_out(self, ordered, tapes, users, *, now, control):
+        """[_Planned] for {tape id: [(path, key, position, size)] in read order}; `users`: tape
+        id -> the users whose requests these are."""
         chains = self._chains(now)
+        # Short mounts of users with little in flight go first: one analyst's file does not wait
+        # behind hours of someone's backlog. (A short remnant of a big backlog does not jump.)
+        busy = set(RestoreRequest.objects.filter(user_id__in=set().union(*users.values()), state__in=IN_FLIGHT_STATES)
+                   .order_by().values_list("user_id").annotate(n=Count("id")).filter(n__gte=control.files_per_job)
+                   .values_list("user_id", flat=True))
         pending_tape = {tape: (chain, after) for tape, chain, after in Job.objects.filter(
             state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").order_by("created_at", "rank")
             .values_list("tape_id", "chain", "after_id")}
@@ -523,7 +534,7 @@ class MountPlanner:
             if tape_id in pending_tape:  # joins the tape's planned mount: sent with it
                 chain, after = pending_tape[tape_id]
                 pieces.append(_Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1]))
-            elif pre[-1] <= control.short_mount_s:
+            elif pre[-1] <= control.short_mount_s and not users[tape_id] & busy:
                 pieces.append(self._short(tape_id, files, pre[-1], chains, group))
             else:
                 work.setdefault(group, []).append(plan.TapeWork(tape_id, tuple(range(len(files))), tuple(pre),
@@ -622,27 +633,41 @@ def preempt(*, now, stager, control):
     last = StagerHealth.objects.values_list("preempted_at", flat=True).first()
     if last is not None and (now - last).total_seconds() < control.preempt_gap_s:
         return 0
-    waiting = (Job.objects.filter(state=JobState.PENDING, jumps_queue=True,
-                                  after__state=JobState.SENT, after__estimate_s__gt=control.short_mount_s,
-                                  created_at__lte=now - timedelta(seconds=control.preempt_after_s))
-               .select_related("after").order_by("created_at", "rank").first())
-    if waiting is None:
+    candidates = (Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT,
+                                     created_at__lte=now - timedelta(seconds=control.preempt_after_s))
+                  .select_related("after").order_by("created_at", "rank")[:20])
+    for waiting in candidates:
+        # The mount it waits for is the piece its predecessor belongs to: that tape's jobs sent
+        # on that chain. Only a long one is cut.
+        piece = list(Job.objects.filter(state=JobState.SENT, chain=waiting.after.chain,
+                                        tape_id=waiting.after.tape_id).order_by("created_at", "rank"))
+        if sum(j.estimate_s for j in piece) > control.short_mount_s:
+            break
+    else:
         return 0
-    long = waiting.after
-    paths = list(dict.fromkeys(RestoreRequest.objects.filter(job=long, state__in=IN_FLIGHT_STATES)
-                               .order_by("job_rank", "id").values_list("path", flat=True)))
+    rank = {j.id: i for i, j in enumerate(piece)}
+    rows = sorted(RestoreRequest.objects.filter(job__in=piece, state__in=IN_FLIGHT_STATES)
+                  .values_list("job_id", "job_rank", "path"), key=lambda r: (rank[r[0]], r[1]))
     # The first of them in read order is on the drive (or next to be): it finishes.
-    withdrawn = paths[1:]
+    withdrawn = {}
+    for job_id, _, path in rows[1:]:
+        if path != rows[0][2]:
+            withdrawn.setdefault(job_id, []).append(path)
     if not withdrawn:
         return 0
-    stager.cancel(long.backend_id, withdrawn)
+    backend = {j.id: j.backend_id for j in piece}
+    for job_id, paths in withdrawn.items():
+        stager.cancel(backend[job_id], paths)
     with transaction.atomic():
-        n = request_transition(RestoreRequest.objects.filter(job=long, path__in=withdrawn, state__in=IN_FLIGHT_STATES),
-                               S.QUEUED, now=now, attempts=F("attempts") - 1)
+        n = sum(request_transition(RestoreRequest.objects.filter(job_id=job_id, path__in=paths,
+                                                                 state__in=IN_FLIGHT_STATES),
+                                   S.QUEUED, now=now, attempts=F("attempts") - 1)
+                for job_id, paths in withdrawn.items())
         StagerHealth.objects.filter(id=1).update(preempted_at=now)
-    log.info("job %s cut after its current file for short job %s: %d requests back in the queue", long.id,
-             waiting.id, n)
-    return len(withdrawn)
+    log.info("the mount of tape %s cut after its current file for short job %s: %d requests back in the queue",
+             waiting.after.tape_id, waiting.id, n)
+    return sum(len(paths) for paths in withdrawn.values())
+
 
 
 def _refused(job, exc, *, now):

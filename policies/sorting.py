@@ -70,6 +70,8 @@ class SortPolicy:
     # need them); "newest"; "top_tapes" (the user's tapes with most files) and "oldest_tapes"
     # (the tapes of their oldest requests) add the user's requests on those tapes.
     pools = frozenset({"oldest", "priority"})
+    # Policies that send a user's files tape by tape keep each tape's files together.
+    whole_tapes = False
 
     def rank(self, candidates, tapes, params):
         """Return the candidates (one user's, all ready) in the order they should go."""
@@ -82,15 +84,39 @@ class SortPolicy:
         tapes not yet worth mounting are held back, except for requests of rule 1."""
         if allotment <= 0:
             return []
-        overdue = sorted((c for c in candidates if c.age_s >= params.max_wait_s), key=lambda c: (-c.age_s, c.id))
-        chosen = overdue[:allotment]
-        if len(chosen) == allotment:
-            return chosen
-        taken = {c.id for c in chosen}
-        rest = [c for c in candidates if c.id not in taken and worth_mounting(tapes[c.tape], params)]
-        ranked = self.rank(rest, tapes, params)
-        ranked.sort(key=lambda c: -c.priority)  # stable: the policy's rank holds within a priority
-        return chosen + ranked[:allotment - len(chosen)]
+        chosen = self._overdue(candidates, tapes, params)[:allotment]
+        if len(chosen) < allotment:
+            taken = {c.id for c in chosen}
+            rest = [c for c in candidates if c.id not in taken and worth_mounting(tapes[c.tape], params)]
+            ranked = self.rank(rest, tapes, params)
+            ranked.sort(key=lambda c: -c.priority)  # stable: the policy's rank holds within a priority
+            chosen += ranked[:allotment - len(chosen)]
+        if self.whole_tapes and chosen:
+            chosen = _without_cut_tape(chosen, tapes)
+        return chosen
+
+    def _overdue(self, candidates, tapes, params):
+        """Requests that waited max_wait_s, the tape of the oldest first, each tape's together
+        in the policy's order: a backlog that is overdue as a whole (submitted at once, hours
+        ago) still goes tape by tape, not file by file across all its tapes."""
+        overdue = self.rank([c for c in candidates if c.age_s >= params.max_wait_s], tapes, params)
+        first, oldest = {}, {}
+        for i, c in enumerate(overdue):
+            first.setdefault(c.tape, i)
+            oldest[c.tape] = max(oldest.get(c.tape, 0.0), c.age_s)
+        return sorted(overdue, key=lambda c: (-oldest[c.tape], first[c.tape]))
+
+
+def _without_cut_tape(picked, tapes):
+    """Leave out the last tape when the allotment ends inside the user's files on it (unless it
+    is the only one): its files go together at a later cycle, in one mount, instead of half now
+    and half in a second mount."""
+    last = picked[-1].tape
+    on_last = sum(1 for c in picked if c.tape == last)
+    if on_last >= tapes[last].user_files.get(picked[-1].user, 0):
+        return picked
+    kept = [c for c in picked if c.tape != last]
+    return kept or picked
 
 
 class Fifo(SortPolicy):
@@ -108,6 +134,7 @@ class TapeId(SortPolicy):
 
     name = "TAPEID"
     pools = SortPolicy.pools | {"top_tapes"}
+    whole_tapes = True
 
     def rank(self, candidates, tapes, params):
         groups = by_tape_in_read_order(candidates, tapes)
@@ -129,6 +156,7 @@ class Slider(SortPolicy):
 
     name = "SLIDER"
     pools = SortPolicy.pools | {"oldest_tapes"}
+    whole_tapes = True
 
     def rank(self, candidates, tapes, params):
         weight = float(params.extra.get("slider_age_weight", 0.5))
