@@ -449,7 +449,7 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job, drives=None, contr
         for start in range(0, len(piece.files), files_per_job):
             part = piece.files[start:start + files_per_job]
             job = Job(tape_id=piece.tape, files=len(part), created_at=now, rank=len(jobs), chain=piece.chain,
-                      after_id=after, jumps_queue=bool(piece.relink_from), estimate_s=piece.estimate_s * len(part) / len(piece.files))
+                      after_id=after, jumps_queue=piece.jumps, estimate_s=piece.estimate_s * len(part) / len(piece.files))
             jobs.append((job, part))
             job_of_key.update((f[1], job.id) for f in part)
             rank_of_key.update((f[1], rank) for rank, f in enumerate(part))
@@ -458,11 +458,13 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job, drives=None, contr
         return []
     Job.objects.bulk_create([job for job, _ in jobs])
     for piece in pieces:
-        if piece.relink_from:
-            # A short mount put before the long ones: what followed its drive's current job
-            # now follows it.
-            Job.objects.filter(state=JobState.PENDING, after_id=piece.relink_from, chain=piece.chain).exclude(
-                created_at=now).update(after_id=piece.last_job)
+        if piece.relink_from is not None:
+            # A short mount put before the long ones: the long ones that followed what it
+            # follows now follow it.
+            relink_from = (piece.relink_from.last_job if isinstance(piece.relink_from, _Planned)
+                           else piece.relink_from)
+            Job.objects.filter(state=JobState.PENDING, after_id=relink_from, chain=piece.chain,
+                               jumps_queue=False).exclude(created_at=now).update(after_id=piece.last_job)
     # Other users' queued requests for the same files ride along in the same stage.
     request_transition(RestoreRequest.objects.filter(path_key__in=list(job_of_key), state=S.QUEUED), S.SUBMITTED,
                        now=now, job_id=Case(*[When(path_key=k, then=Value(j)) for k, j in job_of_key.items()],
@@ -482,7 +484,8 @@ class _Planned:
     chain: str = ""
     after: object = None  # a Job id, or an earlier _Planned of this cycle
     estimate_s: float = 0.0
-    relink_from: object = None  # a short piece's: the job whose pending successors now follow it
+    relink_from: object = None  # a short piece's: the job whose pending long successors now follow it
+    jumps: bool = False  # a short mount put before the long ones
     last_job: object = None  # set once its jobs exist
 
 
@@ -535,7 +538,7 @@ class MountPlanner:
                 chain, after = pending_tape[tape_id]
                 pieces.append(_Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1]))
             elif pre[-1] <= control.short_mount_s and not users[tape_id] & busy:
-                pieces.append(self._short(tape_id, files, pre[-1], chains, group))
+                pieces.append(self._short(tape_id, files, pre[-1], chains, group, control))
             else:
                 work.setdefault(group, []).append(plan.TapeWork(tape_id, tuple(range(len(files))), tuple(pre),
                                                                 tuple(suf)))
@@ -555,44 +558,71 @@ class MountPlanner:
                     pieces.append(after)
         return pieces
 
-    def _short(self, tape_id, files, estimate, chains, group):
-        """A short mount goes next on the drive whose current mount ends first; the rest of that
-        drive's chain follows it."""
+    def _short(self, tape_id, files, estimate, chains, group, control):
+        """A short mount goes on the drive where it would start first: after that drive's
+        current mount and the short ones already waiting there, first come first served; the
+        long mounts planned on it follow. Behind a long mount a short one waits about the time
+        it takes to cut it (see preempt)."""
         mine = {name: c for name, c in chains.items() if name.startswith(f"{group}/")}
-        name = min(mine, key=lambda n: (mine[n].head_left_s, n))
+
+        def start(name):
+            c = mine[name]
+            head = c.head_left_s
+            if c.head_long and control.preempt_after_s > 0:
+                head = min(head, control.preempt_after_s + PREEMPT_FREES_S)
+            return head + c.shorts_s
+
+        name = min(mine, key=lambda n: (start(n), n))
         chain = mine[name]
-        chain.head_left_s += estimate
-        if chain.head is None:
-            return _Planned(tape_id, files, chain=name, estimate_s=estimate)
-        return _Planned(tape_id, files, chain=name, after=chain.head, estimate_s=estimate, relink_from=chain.head)
+        chain.shorts_s += estimate
+        front = chain.front
+        planned = _Planned(tape_id, files, chain=name, after=front, estimate_s=estimate, relink_from=front,
+                           jumps=True)
+        chain.front = planned
+        return planned
 
     def _chains(self, now):
         """{chain name: _Chain} for every drive, from the unfinished jobs on the chains."""
         chains = {f"{media}/{i}": _Chain() for media, n in self.drives.items() for i in range(n)}
         jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
                     .order_by("created_at", "rank").values_list("id", "chain", "state", "after_id", "estimate_s",
-                                                                "files"))
+                                                                "files", "jumps_queue"))
         sent = [j[0] for j in jobs if j[2] == JobState.SENT]
         left = dict(RestoreRequest.objects.filter(job_id__in=sent, state__in=IN_FLIGHT_STATES).order_by()
                     .values_list("job_id").annotate(n=Count("path_key", distinct=True)).values_list("job_id", "n"))
         followed = {j[3] for j in jobs}
-        for job_id, name, state, after, estimate, files in jobs:
+        for job_id, name, state, after, estimate, files, jumps in jobs:
             chain = chains.setdefault(name, _Chain())
             share = estimate * (left.get(job_id, 0) / files if state == JobState.SENT and files else 1.0)
             chain.end_s += share
             if state == JobState.SENT:
-                chain.head, chain.head_left_s = job_id, chain.head_left_s + share
+                chain.head = chain.front = job_id
+                chain.head_left_s += share
+                chain.head_long = chain.head_long or not jumps and estimate > 0
+            elif jumps:  # a short mount waiting at the front
+                chain.front = job_id
+                chain.shorts_s += share
             if job_id not in followed:
                 chain.tail = job_id
+        for chain in chains.values():
+            chain.head_long = chain.head_left_s > 0 and chain.head_long
         return chains
 
 
 @dataclass
 class _Chain:
     end_s: float = 0.0  # until its planned and sent work is done (estimated)
-    head: object = None  # the job on its drive now
-    head_left_s: float = 0.0  # until that job and the short mounts put before the rest are done
-    tail: object = None  # the job that new work follows
+    head: object = None  # the last job sent on it: its drive's mount now
+    head_left_s: float = 0.0  # until the mount now on the drive is done
+    head_long: bool = False  # that mount is a long one (a short one waiting may cut it)
+    front: object = None  # the job a new short mount follows: the head, or the last short one waiting
+    shorts_s: float = 0.0  # the short mounts waiting at the front
+    tail: object = None  # the job that new long work follows
+
+
+# Roughly what a cut long mount still takes before its drive is free: the file being read, the
+# rewind and unload, the robot's put-back.
+PREEMPT_FREES_S = 300.0
 
 
 def send_jobs(*, now, stager):
