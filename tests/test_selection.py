@@ -204,3 +204,37 @@ def test_two_concurrent_claims_never_send_the_same_request(transactional_db, ali
     paths = [p for jobs in results for job in jobs for p in job.paths]
     assert len(paths) == len(set(paths)) and len(paths) > 0
     assert RestoreRequest.objects.filter(state="submitted").count() == len(paths)
+
+
+@pytest.mark.parametrize("sort", ["TAPEID", "SLIDER"])
+def test_a_tape_is_not_cut_where_the_allotment_ends(alice, now, sort):
+    """4 slots, tapes of 3 and 2 files: the first tape goes whole, the second waits for a cycle
+    where it fits whole instead of going half now and half in a second mount."""
+    control(sort_policy=sort, files_per_job=4, jobs_in_flight=1)
+    where = {f"/a/{i}": ("TA", i * GB) for i in range(3)}
+    where.update({f"/b/{i}": ("TB", i * GB) for i in range(2)})
+    submit_at(alice, now, list(where))
+    stager = MapStager(where)
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert sorted(sent_paths(stager)) == ["/a/0", "/a/1", "/a/2"]
+
+
+def test_a_tape_bigger_than_the_allotment_still_goes(alice, now):
+    control(sort_policy="TAPEID", files_per_job=4, jobs_in_flight=1)
+    where = {f"/a/{i}": ("TA", i * GB) for i in range(6)}
+    submit_at(alice, now, list(where))
+    stager = MapStager(where)
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert len(sent_paths(stager)) == 4
+
+
+def test_an_overdue_backlog_still_goes_tape_by_tape(alice, now):
+    """Everything overdue (a bulk submission hours ago): the oldest rule keeps its order by
+    tape, not by id across all the tapes."""
+    control(sort_policy="TAPEID", files_per_job=4, jobs_in_flight=1, max_wait_s=3600)
+    where = {f"/m/{i}": (f"T{i % 4}", (i // 4) * GB) for i in range(16)}  # ids interleave the tapes
+    submit_at(alice, now, list(where))
+    stager = MapStager(where)
+    run_cycle(now=now + timedelta(hours=5), stager=stager)
+    assert len(stager.sent) == 1 and len(stager.sent[0].paths) == 4
+    assert len({where[p][0] for p in stager.sent[0].paths}) == 1  # one tape, whole
