@@ -217,26 +217,29 @@ def next_change(library, *, horizon):
 def _loop_deadline(row, now):
     """The next moment a time limit of the loop may change what it does, or None: a retry
     coming due, a deadline, a queued request reaching the maximum wait (or the worth-mounting
-    wait), jobs in flight reaching the stall time."""
-    from django.db.models import Max, Min
+    wait), jobs in flight reaching the stall time, a short mount's wait that lets it cut a long
+    one (carousel.loop.preempt)."""
+    from django.db.models import Max, Min, Q
 
     from .models import ACTIVE_STATES, Job, JobState, RequestState, RestoreRequest, StagerHealth
 
     moments = []
-    retry = RestoreRequest.objects.filter(state=RequestState.RETRY).aggregate(m=Min("retry_at"))["m"]
-    deadline = RestoreRequest.objects.filter(state__in=ACTIVE_STATES, deadline__isnull=False).aggregate(
-        m=Min("deadline"))["m"]
-    moments += [m for m in (retry, deadline) if m]
-    oldest = RestoreRequest.objects.filter(state=RequestState.QUEUED).aggregate(m=Min("created_at"))["m"]
-    if oldest:
+    # One pass over the requests for all three (a replay's SQLite scans for each).
+    first = RestoreRequest.objects.aggregate(
+        retry=Min("retry_at", filter=Q(state=RequestState.RETRY)),
+        deadline=Min("deadline", filter=Q(state__in=ACTIVE_STATES, deadline__isnull=False)),
+        oldest=Min("created_at", filter=Q(state=RequestState.QUEUED)))
+    moments += [m for m in (first["retry"], first["deadline"]) if m]
+    if first["oldest"]:
         for wait in (row.max_wait_s, row.mount_max_wait_s):
             if wait > 0:
-                moments.append(oldest + timedelta(seconds=wait))
+                moments.append(first["oldest"] + timedelta(seconds=wait))
     progress = Job.objects.filter(state=JobState.SENT).aggregate(m=Max("progress_at"))["m"]
     if progress:
         moments.append(progress + timedelta(seconds=row.stall_after_s))
     if row.preempt_after_s > 0:  # a short mount waiting behind a long one may cut it
-        waiting = Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT).aggregate(m=Min("created_at"))["m"]
+        waiting = Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT).aggregate(
+            m=Min("created_at"))["m"]
         if waiting:
             last = StagerHealth.get().preempted_at
             moments.append(max(waiting + timedelta(seconds=row.preempt_after_s),
