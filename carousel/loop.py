@@ -632,6 +632,8 @@ def send_jobs(*, now, stager):
     ready = Q(after__isnull=True) | Q(after__state__in=FINISHED_JOBS)
     pending = {str(j.id): j for j in Job.objects.filter(ready, state=JobState.PENDING).select_related("tape")
                .order_by("created_at", "rank")}
+    if not pending:
+        return ""
     files = _files_in_flight(pending)
     for job_id, job in pending.items():
         spec = _spec(job, files[job_id])

@@ -173,8 +173,10 @@ def replay_broker(workload, *, control=None, progress=None):
         pending_arrivals = next_arrival < len(arrivals)
         if not pending_arrivals and not RestoreRequest.objects.filter(state__in=ACTIVE_STATES).exists():
             break
-        if report.located or report.submitted or report.requeued or report.expired:
+        if report.located or report.submitted or report.requeued or report.expired or report.preempted:
             wake = now + period  # the loop may have more to do at once (locate batches, slots)
+        elif next_change(library, horizon=now + period) is not None:
+            wake = now + period  # a file changes state before the next cycle: no need to look further
         else:
             candidates = [_loop_deadline(row, now)]
             if pending_arrivals:
