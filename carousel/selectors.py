@@ -417,7 +417,7 @@ def request_outlooks(requests, *, user, ctx):
     no_rate = () if ctx.rate else ("no request finished in the last hour, so there is no estimate yet",)
     at_stager = eta_range(ahead=0, in_flight=ctx.in_flight, rate=ctx.rate, cycle_s=ctx.control.cycle_s)
     # Jobs of the mount plan not sent yet: the request waits here for its drive, not at the stager.
-    planned = dict(Job.objects.filter(id__in={r.job_id for r in requests if r.state in IN_FLIGHT_STATES and r.job_id},
+    planned = dict(Job.objects.filter(id__in={r.job_id for r in requests if r.state == S.SUBMITTED and r.job_id},
                                       state=JobState.PENDING).values_list("id", "chain"))
     out = {}
     for r in requests:
@@ -441,7 +441,7 @@ def request_outlooks(requests, *, user, ctx):
                 eta = (eta[0], None)
             out[r.id] = Outlook(own_ahead=own_ahead, ahead=ahead, capped=capped, eta=eta,
                                 reasons=tuple(reasons) + no_rate)
-        elif r.state in IN_FLIGHT_STATES and r.job_id in planned:
+        elif r.state == S.SUBMITTED and r.job_id in planned:
             out[r.id] = Outlook(own_ahead=0, ahead=0, eta=at_stager and (0.0, None), reasons=(
                 f"planned on drive {planned[r.job_id] or '?'}: sent to the stager once the mount before it there "
                 "is done",))

@@ -301,9 +301,11 @@ def test_why_not_yet(alice, now, setup, reason):
 
 
 def test_why_not_yet_for_other_states(alice, now):
-    restore_submit(user=alice, now=now, paths=["/unlocated", "/retry", "/delivering", "/staging"])
+    restore_submit(user=alice, now=now, paths=["/unlocated", "/retry", "/delivering", "/staging", "/planned"])
     rows = dict(RestoreRequest.objects.values_list("path", "id"))
-    job = Job.objects.create(created_at=now)
+    job = Job.objects.create(created_at=now, state="sent")
+    later = Job.objects.create(created_at=now, chain="LTO-8/2", after=job)
+    RestoreRequest.objects.filter(id=rows["/planned"]).update(state="submitted", job=later, submitted_at=now)
     RestoreRequest.objects.filter(id=rows["/retry"]).update(state="retry", retry_at=now + timedelta(minutes=5),
                                                            last_error="drive error")
     RestoreRequest.objects.filter(id=rows["/delivering"]).update(state="delivering", destination="/scratch")
@@ -314,6 +316,7 @@ def test_why_not_yet_for_other_states(alice, now):
     assert "drive error" in got["/retry"].reasons[0] and got["/retry"].eta[0] == pytest.approx(300)
     assert "delivered to /scratch" in got["/delivering"].reasons[0]
     assert got["/staging"].reasons == ("being read from tape",)
+    assert "planned on drive LTO-8/2" in got["/planned"].reasons[0]
 
 
 def test_the_page_shows_position_estimate_and_reasons(as_alice_web, alice, now):
