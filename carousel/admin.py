@@ -63,7 +63,9 @@ class ControlAdmin(admin.ModelAdmin):
     fieldsets = [
         ("Policies", {"fields": ["sort_policy", "share_policy", "policy_params", "max_wait_s"]}),
         ("Worth mounting", {"fields": ["mount_min_files", "mount_min_bytes", "mount_max_wait_s"]}),
-        ("Batches", {"fields": ["files_per_job", "jobs_in_flight", "cycle_s", "locate_batch", "paused"]}),
+        ("Batches", {"fields": ["files_per_job", "jobs_in_flight", "choose_per_cycle", "cycle_s", "locate_batch",
+                                "paused"]}),
+        ("Mount plan", {"fields": ["drives", "short_mount_s", "preempt_after_s", "preempt_gap_s"]}),
         ("Default caps", {"fields": ["default_user_cap", "default_group_cap", "default_queued_ceiling"]}),
         ("Retries", {"fields": ["retry_cycle_s", "max_attempts", "max_delivery_attempts"]}),
         ("Backpressure", {"fields": ["stall_after_s", "failure_ratio", "disk_threshold", "quarantine_failures",
@@ -152,7 +154,7 @@ class StagerHealthAdmin(admin.ModelAdmin):
     """What the loop judged of the stager at its last cycle: written by the loop only."""
 
     list_display = ["state", "reason", "since", "jobs_limit", "healthy_limit", "jobs_ceiling", "last_progress_at",
-                    "disk", "checked_at"]
+                    "disk", "preempted_at", "checked_at"]
 
     @admin.display(description="K (control)")
     def jobs_ceiling(self, obj):
@@ -218,9 +220,10 @@ class BulkAdmin(admin.ModelAdmin):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ["id", "tape", "state", "files", "backend_id", "created_at", "sent_at", "progress_at"]
-    list_filter = ["state"]
-    raw_id_fields = ["tape"]
+    list_display = ["id", "tape", "state", "chain", "files", "estimate_s", "jumps_queue", "after", "backend_id",
+                    "created_at", "sent_at", "progress_at"]
+    list_filter = ["state", "jumps_queue"]
+    raw_id_fields = ["tape", "after"]
 
 
 @admin.register(Transition)
