@@ -522,9 +522,9 @@ class MountPlanner:
         busy = set(RestoreRequest.objects.filter(user_id__in=set().union(*users.values()), state__in=IN_FLIGHT_STATES)
                    .order_by().values_list("user_id").annotate(n=Count("id")).filter(n__gte=control.files_per_job)
                    .values_list("user_id", flat=True))
-        pending_tape = {tape: (chain, after) for tape, chain, after in Job.objects.filter(
+        pending_tape = {tape: rest for tape, *rest in Job.objects.filter(
             state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").order_by("created_at", "rank")
-            .values_list("tape_id", "chain", "after_id")}
+            .values_list("tape_id", "chain", "after_id", "jumps_queue")}
         pieces, work = [], {}
         for tape_id, files in ordered.items():
             media = tapes[tape_id].media if tape_id in tapes else None
@@ -535,8 +535,8 @@ class MountPlanner:
             pre, suf = mount_profile(media, [(f[2], f[3]) for f in files], read_rate_mb_s=self.read_rate_mb_s,
                                      exchange_s=self.exchange_s)
             if tape_id in pending_tape:  # joins the tape's planned mount: sent with it
-                chain, after = pending_tape[tape_id]
-                pieces.append(_Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1]))
+                chain, after, jumps = pending_tape[tape_id]
+                pieces.append(_Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps))
             elif pre[-1] <= control.short_mount_s and not users[tape_id] & busy:
                 pieces.append(self._short(tape_id, files, pre[-1], chains, group, control))
             else:
@@ -578,6 +578,8 @@ class MountPlanner:
         front = chain.front
         planned = _Planned(tape_id, files, chain=name, after=front, estimate_s=estimate, relink_from=front,
                            jumps=True)
+        if chain.tail == front:  # nothing long waits on this drive: this cycle's long work follows it
+            chain.tail = planned
         chain.front = planned
         return planned
 
