@@ -113,6 +113,20 @@ def library_stager(drives, tapes, *, start=0.0):
     return SimulatedStager(library=library, files=files, clock=lambda: clock[0]), clock
 
 
+def run_until(stager, clock, now, done, *, limit):
+    """Cycle every 10 simulated seconds until done() holds or the clock passes `limit`."""
+    while clock[0] < limit:
+        clock[0] += 10
+        run_cycle(now=now + timedelta(seconds=clock[0]), stager=stager)
+        if done():
+            return True
+    return False
+
+
+def all_done():
+    return not RestoreRequest.objects.exclude(state="done").exists()
+
+
 @pytest.fixture
 def planned(db, now):
     Control.objects.update_or_create(id=1, defaults={"files_per_job": 50, "jobs_in_flight": 10,
@@ -134,23 +148,11 @@ def test_one_mount_per_drive_at_the_stager_and_the_next_when_it_is_done(planned,
     assert {j.after_id for j in waiting} == {j.id for j in sent}  # each behind its drive's mount
     # The stager holds one mount per drive; the rest waits here.
     assert len(stager.library.queue) == 0 and sum(1 for d in stager.library.drives if d.tape) == 2
-    first_done = None
-    step = 0.0
-    while step < 20_000 and first_done is None:
-        step += 10
-        clock[0] = step
-        run_cycle(now=now + timedelta(seconds=step), stager=stager)
-        finished = Job.objects.filter(state=JobState.DONE).order_by("finished_at").first()
-        if finished:
-            first_done = finished
-    assert first_done is not None
+    assert run_until(stager, clock, now, Job.objects.filter(state=JobState.DONE).exists, limit=20_000)
+    first_done = Job.objects.filter(state=JobState.DONE).order_by("finished_at").first()
     follower = Job.objects.get(after=first_done)
     assert follower.state == JobState.SENT and follower.sent_at >= first_done.finished_at
-    while RestoreRequest.objects.exclude(state="done").exists() and step < 40_000:
-        step += 10
-        clock[0] = step
-        run_cycle(now=now + timedelta(seconds=step), stager=stager)
-    assert not RestoreRequest.objects.exclude(state="done").exists()
+    assert run_until(stager, clock, now, all_done, limit=40_000)
     assert stager.library.mounts == 4
 
 
@@ -178,20 +180,11 @@ def test_a_short_mount_goes_first_and_cuts_a_long_one_that_keeps_it_waiting(plan
     assert back.count() == report.preempted
     assert set(back.values_list("attempts", flat=True)) == {0}  # a cut is not a failed attempt
     assert StagerHealth.get().preempted_at == now + timedelta(seconds=430)
-    bob_done = None
-    t = 430.0
-    while t < 3000 and bob_done is None:
-        t += 10
-        clock[0] = t
-        run_cycle(now=now + timedelta(seconds=t), stager=stager)
-        bob_done = RestoreRequest.objects.filter(user=bob, state="done").first()
-    assert bob_done is not None
+    assert run_until(stager, clock, now, RestoreRequest.objects.filter(user=bob, state="done").exists, limit=3000)
+    bob_done = RestoreRequest.objects.get(user=bob)
     assert (bob_done.finished_at - bob_done.created_at).total_seconds() < 1200
     # Alice's cut files are read later, none lost and none read twice.
-    while RestoreRequest.objects.exclude(state="done").exists() and t < 40_000:
-        t += 10
-        clock[0] = t
-        run_cycle(now=now + timedelta(seconds=t), stager=stager)
+    assert run_until(stager, clock, now, all_done, limit=40_000)
     assert RestoreRequest.objects.filter(state="done").count() == 41
     reads = [path for _, _, path, _ in stager.library.reads]
     assert len(reads) == len(set(reads)) == 41
