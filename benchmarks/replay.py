@@ -4,9 +4,10 @@ both baselines, and the lower bound. Each broker run is `manage.py simulate` in 
 throwaway SQLite database, timed from outside (process start, migrations and all). Prints a
 table and, as its last line, one JSON object.
 
-    .venv/bin/python benchmarks/replay.py [--workloads DIR] [--only NAME ...] [--quick]
+    .venv/bin/python benchmarks/replay.py [--workloads DIR] [--only NAME ...] [--quick] [--jobs N]
 
---quick: the shipped default policies only.
+--quick: the shipped default policies only. --jobs N: N broker runs at once (their walls then
+include each other's load; time the replay speed with --jobs 1).
 """
 import argparse
 import json
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +68,7 @@ def main():
     parser.add_argument("--workloads", default=str(ROOT.parent / "shared" / "workloads"))
     parser.add_argument("--only", nargs="*", help="workload names (file names without extension)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()
 
     from carousel.lowerbound import lower_bound
@@ -90,9 +93,14 @@ def main():
             groups = {u.group for u in workload.users.values()}
             shares = SHARES if len(groups) > 1 else (DEFAULT[1],)
             pairs = [DEFAULT] if args.quick else [(s, h) for s in SORTS for h in shares]
-            for sort, share in pairs:
-                rows.append(row(broker(path, sort, share, scratch), f"broker {sort}/{share}"))
-                print(f"  {name} {sort}/{share} done", file=sys.stderr, flush=True)
+            def run(pair, path=path, name=name):
+                result = broker(path, *pair, scratch)
+                print(f"  {name} {pair[0]}/{pair[1]} done", file=sys.stderr, flush=True)
+                return result
+
+            with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
+                for (sort, share), result in zip(pairs, pool.map(run, pairs)):
+                    rows.append(row(result, f"broker {sort}/{share}"))
             results[name] = rows
             print(f"\n{name} (lower bound {bound.seconds:,.0f} s, binding: {bound.binding})")
             print(f"{'run':24} {'makespan s':>11} {'mounts':>6} {'x bound':>7} {'analysts p95 max wait s':>23} "

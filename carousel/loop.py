@@ -1,6 +1,7 @@
 """The server loop: one cycle is one call of run_cycle(now=...). The time is an argument, never
 read inside, so tests and the replay simulator drive the same code with a simulated clock."""
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import groupby
@@ -432,7 +433,7 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job, drives=None, contr
     for c in chosen:
         by_tape.setdefault(c.tape, []).append(c)
     ordered = {}  # tape -> [(path, key, position, size)] in read order, one per file
-    users = {tape_id: {c.user for c in candidates} for tape_id, candidates in by_tape.items()}
+    users = {tape_id: Counter(c.user for c in candidates) for tape_id, candidates in by_tape.items()}
     for tape_id, candidates in by_tape.items():
         files = {}
         for c in in_read_order(candidates, tapes):
@@ -515,13 +516,15 @@ class MountPlanner:
 
     def lay_out(self, ordered, tapes, users, *, now, control):
         """[_Planned] for {tape id: [(path, key, position, size)] in read order}; `users`: tape
-        id -> the users whose requests these are."""
+        id -> Counter of the users whose requests these are."""
         chains = self._chains(now)
         # Short mounts of users with little in flight go first: one analyst's file does not wait
         # behind hours of someone's backlog. (A short remnant of a big backlog does not jump.)
-        busy = set(RestoreRequest.objects.filter(user_id__in=set().union(*users.values()), state__in=IN_FLIGHT_STATES)
-                   .order_by().values_list("user_id").annotate(n=Count("id")).filter(n__gte=control.files_per_job)
-                   .values_list("user_id", flat=True))
+        # This cycle's claims count too: a backlog's first cycle is not "little in flight".
+        load = Counter(user for tape_users in users.values() for user in tape_users.elements())
+        load.update(dict(RestoreRequest.objects.filter(user_id__in=list(load), state__in=IN_FLIGHT_STATES)
+                         .order_by().values_list("user_id").annotate(n=Count("id")).values_list("user_id", "n")))
+        busy = {user for user, n in load.items() if n >= control.files_per_job}
         pending_tape = {tape: rest for tape, *rest in Job.objects.filter(
             state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").order_by("created_at", "rank")
             .values_list("tape_id", "chain", "after_id", "jumps_queue")}
@@ -537,7 +540,7 @@ class MountPlanner:
             if tape_id in pending_tape:  # joins the tape's planned mount: sent with it
                 chain, after, jumps = pending_tape[tape_id]
                 pieces.append(_Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps))
-            elif pre[-1] <= control.short_mount_s and not users[tape_id] & busy:
+            elif pre[-1] <= control.short_mount_s and not set(users[tape_id]) & busy:
                 pieces.append(self._short(tape_id, files, pre[-1], chains, group, control))
             else:
                 work.setdefault(group, []).append(plan.TapeWork(tape_id, tuple(range(len(files))), tuple(pre),
