@@ -103,6 +103,8 @@ def _work(*, now, stager, control, state, report):
         report.preempted = preempt(now=now, stager=stager, control=control)
     except StagerUnavailable as exc:
         return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"cancel: {exc}"), control=control)
+    except Exception:  # noqa: BLE001 - a cut refused or a bug: the long mount simply runs on
+        log.exception("preempting a long mount failed")
     # Jobs committed by this or an interrupted earlier cycle go out now (planned ones once the
     # job before them on their drive's chain is finished).
     error = send_jobs(now=now, stager=stager)
@@ -693,18 +695,18 @@ def preempt(*, now, stager, control):
     if not withdrawn:
         return 0
     backend = {j.id: j.backend_id for j in piece}
+    n = 0
     for job_id, paths in withdrawn.items():
         stager.cancel(backend[job_id], paths)
-    with transaction.atomic():
-        n = sum(request_transition(RestoreRequest.objects.filter(job_id=job_id, path__in=paths,
-                                                                 state__in=IN_FLIGHT_STATES),
-                                   S.QUEUED, now=now, attempts=F("attempts") - 1)
-                for job_id, paths in withdrawn.items())
+        # Back in the queue as soon as the stager let them go: were a later cancel to fail,
+        # these must not come back from the poll as failures.
+        n += request_transition(RestoreRequest.objects.filter(job_id=job_id, path__in=paths,
+                                                              state__in=IN_FLIGHT_STATES),
+                                S.QUEUED, now=now, attempts=F("attempts") - 1)
         StagerHealth.objects.filter(id=1).update(preempted_at=now)
     log.info("the mount of tape %s cut after its current file for short job %s: %d requests back in the queue",
              waiting.after.tape_id, waiting.id, n)
     return sum(len(paths) for paths in withdrawn.values())
-
 
 
 def _refused(job, exc, *, now):
