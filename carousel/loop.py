@@ -43,7 +43,6 @@ class CycleReport:
     failed: int = 0
     retrying: int = 0
     submitted: int = 0
-    jobs_sent: list = field(default_factory=list)
     preempted: int = 0
     delivering: int = 0
     health: str = h.HEALTHY
@@ -96,7 +95,6 @@ def _work(*, now, stager, control, state, report):
         jobs = claim_jobs(now=now, control=control, sort=sort, share=share, jobs_limit=state.limit,
                           byte_budget=budget, drives=MountPlanner.from_status(status, control))
         report.submitted = sum(len(j.paths) for j in jobs)
-        report.jobs_sent = [j.id for j in jobs]
         if budget is not None and not jobs:
             report.error = "disk buffer: the next files do not fit below the threshold"
     try:
@@ -411,8 +409,7 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
             .values_list("id", "path", "path_key")
         )
         chosen = [c for c in selection.chosen if c.id in claimed]
-        return _make_jobs(chosen, claimed, selection.tapes, now=now, files_per_job=control.files_per_job,
-                          drives=drives, control=control)
+        return _make_jobs(chosen, claimed, selection.tapes, now=now, control=control, drives=drives)
 
 
 def _within(chosen, byte_budget):
@@ -426,9 +423,9 @@ def _within(chosen, byte_budget):
     return kept
 
 
-def _make_jobs(chosen, claimed, tapes, *, now, files_per_job, drives=None, control=None):
+def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     """Tapes in the order the policies chose them; each tape's files in read order, at most
-    files_per_job distinct files per job. With `drives`, each tape's work is a piece of a
+    N (control.files_per_job) distinct files per job. With `drives`, each tape's work is a piece of a
     drive's chain (MountPlanner); a piece longer than N files is several jobs sent together.
     All jobs in one INSERT, all claims in one UPDATE."""
     by_tape = {}
@@ -442,9 +439,10 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job, drives=None, contr
             files.setdefault(claimed[c.id], (*claimed[c.id], c.position or 0, c.size or 0))
         ordered[tape_id] = list(files.values())
     if drives is not None:
-        pieces = drives.lay_out(ordered, tapes, users, now=now, control=control)
+        pieces = drives.lay_out(ordered, tapes, users, control=control)
     else:
         pieces = [_Planned(tape_id, files) for tape_id, files in ordered.items()]
+    files_per_job = control.files_per_job
     jobs, job_of_key, rank_of_key = [], {}, {}
     for piece in pieces:
         # A piece after another one planned in this cycle follows that one's last job.
@@ -461,12 +459,11 @@ def _make_jobs(chosen, claimed, tapes, *, now, files_per_job, drives=None, contr
         return []
     Job.objects.bulk_create([job for job, _ in jobs])
     for piece in pieces:
-        if piece.relink_from is not None:
+        if piece.jumps and piece.after is not None:
             # A short mount put before the long ones: the long ones that followed what it
             # follows now follow it.
-            relink_from = (piece.relink_from.last_job if isinstance(piece.relink_from, _Planned)
-                           else piece.relink_from)
-            Job.objects.filter(state=JobState.PENDING, after_id=relink_from, chain=piece.chain,
+            before = piece.after.last_job if isinstance(piece.after, _Planned) else piece.after
+            Job.objects.filter(state=JobState.PENDING, after_id=before, chain=piece.chain,
                                jumps_queue=False).exclude(created_at=now).update(after_id=piece.last_job)
     # Other users' queued requests for the same files ride along in the same stage.
     request_transition(RestoreRequest.objects.filter(path_key__in=list(job_of_key), state=S.QUEUED), S.SUBMITTED,
@@ -487,7 +484,6 @@ class _Planned:
     chain: str = ""
     after: object = None  # a Job id, or an earlier _Planned of this cycle
     estimate_s: float = 0.0
-    relink_from: object = None  # a short piece's: the job whose pending long successors now follow it
     jumps: bool = False  # a short mount put before the long ones
     last_job: object = None  # set once its jobs exist
 
@@ -516,10 +512,10 @@ class MountPlanner:
         return cls(drives=counts, read_rate_mb_s=status.get("read_rate_mb_s"),
                    exchange_s=float(status.get("exchange_s") or 11.0))
 
-    def lay_out(self, ordered, tapes, users, *, now, control):
+    def lay_out(self, ordered, tapes, users, *, control):
         """[_Planned] for {tape id: [(path, key, position, size)] in read order}; `users`: tape
         id -> Counter of the users whose requests these are."""
-        chains = self._chains(now)
+        chains = self._chains()
         # Short mounts of users with little in flight go first: one analyst's file does not wait
         # behind hours of someone's backlog. (A short remnant of a big backlog does not jump.)
         # This cycle's claims count too: a backlog's first cycle is not "little in flight".
@@ -581,14 +577,13 @@ class MountPlanner:
         chain = mine[name]
         chain.shorts_s += estimate
         front = chain.front
-        planned = _Planned(tape_id, files, chain=name, after=front, estimate_s=estimate, relink_from=front,
-                           jumps=True)
+        planned = _Planned(tape_id, files, chain=name, after=front, estimate_s=estimate, jumps=True)
         if chain.tail == front:  # nothing long waits on this drive: this cycle's long work follows it
             chain.tail = planned
         chain.front = planned
         return planned
 
-    def _chains(self, now):
+    def _chains(self):
         """{chain name: _Chain} for every drive, from the unfinished jobs on the chains."""
         chains = {f"{media}/{i}": _Chain() for media, n in self.drives.items() for i in range(n)}
         jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
@@ -603,7 +598,7 @@ class MountPlanner:
             share = estimate * (left.get(job_id, 0) / files if state == JobState.SENT and files else 1.0)
             chain.end_s += share
             if state == JobState.SENT:
-                chain.head = chain.front = job_id
+                chain.front = job_id
                 chain.head_left_s += share
                 chain.head_long = chain.head_long or not jumps and estimate > 0
             elif jumps:  # a short mount waiting at the front
@@ -611,18 +606,15 @@ class MountPlanner:
                 chain.shorts_s += share
             if job_id not in followed:
                 chain.tail = job_id
-        for chain in chains.values():
-            chain.head_long = chain.head_left_s > 0 and chain.head_long
         return chains
 
 
 @dataclass
 class _Chain:
     end_s: float = 0.0  # until its planned and sent work is done (estimated)
-    head: object = None  # the last job sent on it: its drive's mount now
-    head_left_s: float = 0.0  # until the mount now on the drive is done
+    head_left_s: float = 0.0  # until the mount now on its drive (its jobs sent) is done
     head_long: bool = False  # that mount is a long one (a short one waiting may cut it)
-    front: object = None  # the job a new short mount follows: the head, or the last short one waiting
+    front: object = None  # the job a new short mount follows: the last one sent, or the last short one waiting
     shorts_s: float = 0.0  # the short mounts waiting at the front
     tail: object = None  # the job that new long work follows
 

@@ -197,15 +197,7 @@ def read_s(media, size_bytes, read_rate_mb_s=None):
 def tape_work_s(media, files_in_order, read_rate_mb_s=None):
     """Drive time of one mount reading (offset, size) files in this order: load, locates,
     reads, rewind, unload. The robot's exchanges are not included."""
-    media = as_media(media)
-    if not files_in_order:
-        return 0.0
-    total = media.load_s
-    head = 0
-    for offset, size in files_in_order:
-        total += locate_s(media, head, offset) + read_s(media, size, read_rate_mb_s)
-        head = offset + size
-    return total + rewind_s(media, head) + media.unload_s
+    return mount_profile(media, files_in_order, read_rate_mb_s=read_rate_mb_s)[0][-1]
 
 
 def mean_from_bot(media, samples=50_000):

@@ -67,10 +67,15 @@ def test_whole_tapes_longest_first_when_more_work_waits():
     layout, span = plan.plan(ends, tapes, split=False)
     check(ends, tapes, layout, span)
     assert sum(len(p) for p in layout.values()) == 21  # one mount per tape
-    # The six shortest tapes go second, to the drives that free first.
-    seconds = sorted(t.seconds for t in tapes)
-    assert span == pytest.approx(max(p.start_s + p.seconds for ps in layout.values() for p in ps))
-    assert span >= seconds[-1]
+    # The 15 longest tapes start at once, one per drive; the six shortest go second, each to
+    # the drive that frees first.
+    by_length = sorted(tapes, key=lambda t: -t.seconds)
+    first = {p.tape for ps in layout.values() for p in ps if p.start_s == 0}
+    assert first == {t.tape for t in by_length[:15]}
+    ends = sorted(ps[0].seconds for ps in layout.values())
+    second = {ps[1].tape: ps[1].start_s for ps in layout.values() if len(ps) > 1}
+    assert sorted(second.values()) == pytest.approx(ends[:6])
+    assert set(second) == {t.tape for t in by_length[15:]}
 
 
 def test_the_last_of_the_backlog_is_cut_so_the_drives_finish_together():
