@@ -2,7 +2,7 @@
 
 Fills PostgreSQL with QUEUED located requests (default 1,000,000) from 1,000 users in 10
 groups over 20,000 tapes, runs ANALYZE, then in a fresh process times one full selection
-cycle per policy pair: choose, claim and commit N x K = 15 x 50 slots (loop.claim_jobs),
+cycle per policy pair: choose, claim and commit N x K = 15 x 50 slots (claiming.claim_jobs),
 undoing the claims between pairs. Prints one JSON object as its last line.
 
     python -m carousel.localservices -- .venv/bin/python benchmarks/cycle.py [--queued 100000]
@@ -85,7 +85,7 @@ def measure():
     from django.db import connection
     from django.utils import timezone
 
-    from carousel.loop import claim_jobs
+    from carousel.claiming import claim_jobs
     from carousel.models import Control, Job, RestoreRequest
     from policies.selection import share_policy, sort_policy
 

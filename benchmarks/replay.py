@@ -71,9 +71,9 @@ def main():
     parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()
 
-    from carousel.lowerbound import lower_bound
-    from carousel.replay import replay_baseline, report
-    from carousel.workload import load
+    from carousel.sim.lowerbound import lower_bound
+    from carousel.sim.replay import replay_baseline, report
+    from carousel.sim.workload import load
 
     paths = sorted(p for p in Path(args.workloads).iterdir() if p.name.endswith((".json", ".json.gz")))
     results = {}

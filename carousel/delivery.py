@@ -6,7 +6,17 @@ import os
 import shutil
 import subprocess
 import tempfile
+from datetime import timedelta
 from pathlib import Path
+
+from django.db import transaction
+from django.db.models import Count, F
+
+from . import plugins
+from .celery import app as celery_app
+from .failures import Failure, FailureCount, fail_requests
+from .models import Control, ErrorClass, RequestState as S, RestoreRequest
+from .services import request_transition
 
 
 class DeliveryError(Exception):
@@ -99,3 +109,55 @@ class SiteCommand(Delivery):
             detail = (done.stderr or done.stdout).strip()[-500:]
             raise DeliveryError(f"delivery command exited {done.returncode}: {detail}",
                                 user_error=done.returncode == 2)
+
+
+# Longer than any copy may take (the site command's own timeout is an hour): a delivery still
+# marked started after this lost its worker and is started again.
+DELIVERY_LEASE_S = 6 * 3600
+
+
+def dispatch_deliveries(*, now, control):
+    """Start deliveries of staged files, at most `deliveries_per_fs` at once per destination
+    file system; each batch runs in a worker task. A delivery started longer ago than its lease
+    (its worker died) is started again."""
+    waiting = RestoreRequest.objects.filter(state=S.DELIVERING)
+    waiting.filter(delivery_started_at__lt=now - timedelta(seconds=DELIVERY_LEASE_S)).update(
+        delivery_started_at=None)
+    running = dict(waiting.filter(delivery_started_at__isnull=False).order_by().values_list("delivery_fs")
+                   .annotate(n=Count("id")).values_list("delivery_fs", "n"))
+    started = []
+    for fs in waiting.filter(delivery_started_at__isnull=True).order_by().values_list(
+            "delivery_fs", flat=True).distinct():
+        room = control.deliveries_per_fs - running.get(fs, 0)
+        if room <= 0:
+            continue
+        ids = list(waiting.filter(delivery_fs=fs, delivery_started_at__isnull=True).order_by("id")
+                   .values_list("id", flat=True)[:room])
+        waiting.filter(id__in=ids, delivery_started_at__isnull=True).update(delivery_started_at=now)
+        started.extend(ids)
+    if started:
+        # The task by name from the app's registry: tasks.py imports this module, never the
+        # other way round.
+        task = celery_app.tasks["carousel.tasks.deliver"]
+        transaction.on_commit(lambda: task.delay(started))
+    return len(started)
+
+
+def deliver_requests(ids, *, now, control=None):
+    """Deliver these staged requests (a worker task): done, or failed with class DELIVERY
+    (retried on the retry cycle) or USER (a destination the user must fix)."""
+    control = control or Control.get()
+    delivery = plugins.delivery()
+    report = FailureCount()
+    for rid, source, destination in RestoreRequest.objects.filter(id__in=ids, state=S.DELIVERING).values_list(
+            "id", "staged_path", "destination"):
+        one = RestoreRequest.objects.filter(id=rid)
+        one.update(delivery_attempts=F("delivery_attempts") + 1)
+        try:
+            delivery.deliver(source, destination)
+        except DeliveryError as exc:
+            status_class = ErrorClass.USER if exc.user_error else ErrorClass.DELIVERY
+            fail_requests(one, Failure(str(exc), status_class), now=now, control=control, report=report)
+            continue
+        request_transition(one, S.DONE, now=now)
+    return report

@@ -3,7 +3,7 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
-from . import loop, plugins
+from . import delivery, loop, plugins, withdrawals
 from .models import Control
 
 
@@ -21,7 +21,7 @@ def cycle_tick():
 @shared_task(name="carousel.tasks.withdraw", ignore_result=True)
 def withdraw(pairs):
     """Take cancelled files back from the stager (pairs of job id and path)."""
-    loop.withdraw(plugins.stager(), [(job, path) for job, path in pairs])
+    withdrawals.withdraw(plugins.stager(), [(job, path) for job, path in pairs])
 
 
 def withdraw_on_commit(pairs):
@@ -35,8 +35,5 @@ def withdraw_on_commit(pairs):
 @shared_task(name="carousel.tasks.deliver", ignore_result=True)
 def deliver(ids):
     """Put staged files where their users asked (dispatched by the loop, throttled per file system)."""
-    loop.deliver_requests(ids, now=timezone.now())
+    delivery.deliver_requests(ids, now=timezone.now())
 
-
-def deliver_on_commit(ids):
-    transaction.on_commit(lambda: deliver.delay(list(ids)))

@@ -4,7 +4,8 @@ from datetime import timedelta
 
 from django.test import Client
 
-from carousel.loop import claim_jobs, run_cycle
+from carousel.claiming import claim_jobs
+from carousel.loop import run_cycle
 from carousel.models import Control, Job, RestoreRequest, StagerHealth, Tape
 from carousel.services import restore_submit
 from carousel.stagers.base import FileStatus, StagerUnavailable
@@ -267,7 +268,7 @@ def test_cancelling_withdraws_from_the_stager_unless_another_user_shares_the_sta
     backend = Backend()
     backend.cancel = lambda backend_id, paths: cancelled.extend(paths)
     run_cycle(now=now, stager=backend)
-    from carousel.loop import withdraw
+    from carousel.withdrawals import withdraw
     from carousel.services import request_cancel
 
     _, pairs = request_cancel(queryset=RestoreRequest.objects.filter(user=alice), now=now)

@@ -11,7 +11,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from carousel import selectors
-from carousel.loop import locate_requests, run_cycle
+from carousel.locating import locate_requests
+from carousel.loop import run_cycle
 from carousel.models import (
     Account, Bulk, Control, Job, RestoreRequest, StagerHealth, Tape, Transition,
 )

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from carousel.library import File, Library
-from carousel.replay import drain
+from carousel.sim.library import File, Library
+from carousel.sim.replay import drain
 from carousel.tape import GB, MEDIA, locate_s, read_s, rewind_s
 
 LTO7 = MEDIA["LTO-7"]

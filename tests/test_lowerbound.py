@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from carousel.library import File
-from carousel.lowerbound import lower_bound, streaming_runs, tape_bound, travel_m
-from carousel.replay import replay_baseline
+from carousel.sim.library import File
+from carousel.sim.lowerbound import lower_bound, streaming_runs, tape_bound, travel_m
+from carousel.sim.replay import replay_baseline
 from carousel.tape import GB, MEDIA, locate_s, read_s, rewind_s, tape_work_s
-from carousel.workload import Request, User, Workload, load
+from carousel.sim.workload import Request, User, Workload, load
 from policies.order import read_order
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"  # copies of ../shared/workloads

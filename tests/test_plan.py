@@ -1,13 +1,13 @@
 """The mount plan: the pure planner (carousel/plan.py), and the loop laying jobs out on the
 drives' chains, sending each when the one before it is done, and cutting a long mount for a
-short one that waited (carousel/loop.py)."""
+short one that waited (carousel/mounts.py)."""
 import random
 from datetime import timedelta
 
 import pytest
 
 from carousel import plan
-from carousel.library import File, Library
+from carousel.sim.library import File, Library
 from carousel.loop import run_cycle
 from carousel.models import Control, Job, JobState, RestoreRequest, StagerHealth
 from carousel.services import restore_submit
@@ -208,8 +208,8 @@ def test_a_replay_cuts_the_last_tapes_across_idle_drives(db):
     """Three equal tapes on two drives, all requested at once: whole tapes take two rounds (one
     drive idle in the second); the plan cuts one tape so both drives finish together. Replayed
     through the real loop against the simulated library."""
-    from carousel.replay import replay_baseline, replay_broker, report
-    from carousel.workload import parse
+    from carousel.sim.replay import replay_baseline, replay_broker, report
+    from carousel.sim.workload import parse
 
     tapes, requests = [], []
     for t in range(3):

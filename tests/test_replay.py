@@ -10,15 +10,15 @@ from django.core.management.base import CommandError
 
 from carousel import plugins
 from carousel.loop import run_cycle
-from carousel.lowerbound import lower_bound
+from carousel.sim.lowerbound import lower_bound
 from carousel.models import Control, RestoreRequest
-from carousel.replay import ReplayError, replay_baseline, replay_broker, report
+from carousel.sim.replay import ReplayError, replay_baseline, replay_broker, report
 from carousel.services import restore_submit
 from carousel.stagers import simulated
 from carousel.stagers.base import JobSpec
 from carousel.stagers.simulated import SimulatedStager, synthetic_location
 from carousel.tape import GB
-from carousel.workload import WorkloadError, load, parse
+from carousel.sim.workload import WorkloadError, load, parse
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"  # copies of ../shared/workloads
 README_KEYS = {"workload", "policy", "baseline", "makespan_s", "lower_bound_s", "mounts", "tapes", "bytes",

@@ -4,7 +4,8 @@ from datetime import timedelta
 import pytest
 from django.db import connections
 
-from carousel.loop import claim_jobs, run_cycle
+from carousel.claiming import claim_jobs
+from carousel.loop import run_cycle
 from carousel.models import Control, RestoreRequest, TapeBacklog, UserBacklog
 from carousel.services import restore_submit
 from policies.selection import share_policy, sort_policy

@@ -1,4 +1,4 @@
-"""The simulated tape library (carousel/library.py) behind the stager contract. One model, two
+"""The simulated tape library (carousel/sim/library.py) behind the stager contract. One model, two
 clocks:
 
 - live (the embedded default of `make run`): the library advances with the wall clock times
@@ -6,7 +6,7 @@ clocks:
   flock, so the worker can restart and the web process can read status() at any time. Files
   lie where a deterministic synthetic catalogue puts them (tape from the directory, offset and
   size from the path).
-- replay (carousel/replay.py): the driver hands over a Library, the workload's files and a
+- replay (carousel/sim/replay.py): the driver hands over a Library, the workload's files and a
   clock it sets itself.
 """
 import contextlib
@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from ..library import CANCELLED, FAILED, File, Library
+from ..sim.library import CANCELLED, FAILED, File, Library
 from ..tape import GB, MEDIA
 from .base import FileStatus, LocateError, Location, Stager
 

@@ -22,8 +22,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from carousel import plots, plugins, replay
-from carousel.workload import WorkloadError, load
+from carousel import plugins
+from carousel.sim import plots, replay
+from carousel.sim.workload import WorkloadError, load
 
 CHILD_ENV = "CAROUSEL_REPLAY_CHILD"
 TEMPLATE_ENV = "CAROUSEL_REPLAY_TEMPLATE"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from numbers import Real
 
 from .library import DEFAULT_EXCHANGE_S, DEFAULT_ROBOTS, File
-from .tape import MEDIA
+from ..tape import MEDIA
 
 FORMAT = "carousel-workload/1"
 

@@ -1,4 +1,4 @@
-"""Replay a workload (carousel/workload.py) against the simulated library (carousel/library.py).
+"""Replay a workload (carousel/sim/workload.py) against the simulated library (carousel/sim/library.py).
 
 - replay_broker(): the real broker. Users, groups and caps from the workload; requests enter
   through services.restore_submit at their arrival time; carousel.loop.run_cycle runs with the
@@ -114,7 +114,7 @@ def setup_database(workload, control):
     {username: User}."""
     from django.contrib.auth.models import Group, User
 
-    from .models import Account, Control, GroupShare
+    from ..models import Account, Control, GroupShare
 
     unknown = sorted(set(control) - set(CONTROL_FIELDS))
     if unknown:
@@ -139,10 +139,10 @@ def setup_database(workload, control):
 
 def replay_broker(workload, *, control=None, progress=None):
     """Run the real loop over the workload in the current (empty) database."""
-    from .loop import run_cycle
-    from .models import ACTIVE_STATES, Control, RestoreRequest
-    from .services import restore_submit
-    from .stagers.simulated import SimulatedStager
+    from ..loop import run_cycle
+    from ..models import ACTIVE_STATES, Control, RestoreRequest
+    from ..services import restore_submit
+    from ..stagers.simulated import SimulatedStager
 
     began = time.perf_counter()
     if RestoreRequest.objects.exists():
@@ -220,10 +220,10 @@ def _loop_deadline(row, now):
     """The next moment a time limit of the loop may change what it does, or None: a retry
     coming due, a deadline, a queued request reaching the maximum wait (or the worth-mounting
     wait), jobs in flight reaching the stall time, a short mount's wait that lets it cut a long
-    one (carousel.loop.preempt)."""
+    one (carousel.mounts.preempt)."""
     from django.db.models import Max, Min, Q
 
-    from .models import ACTIVE_STATES, Job, JobState, RequestState, RestoreRequest, StagerHealth
+    from ..models import ACTIVE_STATES, Job, JobState, RequestState, RestoreRequest, StagerHealth
 
     moments = []
     # One pass over the requests for all three (a replay's SQLite scans for each).

@@ -1,4 +1,4 @@
-"""Pictures of a replay (carousel/replay.py): what each drive did over time, the bytes restored
+"""Pictures of a replay (carousel/sim/replay.py): what each drive did over time, the bytes restored
 over time, and how long each user waited. PNG or SVG, by the file's extension."""
 from collections import defaultdict
 

@@ -1,5 +1,5 @@
 """The physical lower bound on a workload's makespan (tape-physics.md): no schedule in the
-simulated library (carousel/library.py) can read the last byte sooner. A pure function of the
+simulated library (carousel/sim/library.py) can read the last byte sooner. A pure function of the
 workload and the constants of carousel/tape.py: no policy, replay or baseline goes into it.
 
 The bound is the largest of:
@@ -26,7 +26,7 @@ Each is checked against exact optima in tests/test_lowerbound.py.
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from .tape import MEDIA, band_of, position, read_s, wrap_of
+from ..tape import MEDIA, band_of, position, read_s, wrap_of
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Bound:
 
 
 def lower_bound(workload):
-    """The Bound of a carousel.workload.Workload."""
+    """The Bound of a carousel.sim.workload.Workload."""
     per_tape = workload.requested_files()
     rate = workload.read_rate_mb_s
     tapes = []

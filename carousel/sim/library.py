@@ -21,7 +21,7 @@ plain JSON and back (the live stager keeps it in a file).
 from collections import deque
 from dataclasses import dataclass, field
 
-from .tape import MEDIA, locate_s, read_s, rewind_s
+from ..tape import MEDIA, locate_s, read_s, rewind_s
 
 DEFAULT_ROBOTS = 4
 DEFAULT_EXCHANGE_S = 11.0  # BNL's SL8500 figure, tape-physics.md

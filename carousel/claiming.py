@@ -1,0 +1,105 @@
+"""Claiming: choose this cycle's requests with the policies, claim them, and commit them as
+jobs (laid out on the drives' chains by mounts.MountPlanner when the drive count is known)."""
+from collections import Counter
+
+from django.db import transaction
+from django.db.models import Case, Exists, OuterRef, PositiveIntegerField, UUIDField, Value, When
+
+from policies.selection import select
+from policies.sorting import in_read_order
+
+from .models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest
+from .mounts import Planned
+from .services import request_transition
+from .stagers.base import JobSpec
+
+
+def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, drives=None):
+    """Choose this cycle's requests with the active policies, claim them, group them into
+    jobs of at most N files per tape in read order, and commit jobs and claims together.
+    Claiming locks with SKIP LOCKED and re-checks the state, so two cycles can never send the
+    same request. Slots: N files times the jobs allowed in flight (the adaptive limit, K by
+    default), less the files planned or in flight, at most `choose_per_cycle`; and no more
+    bytes than `byte_budget`, when given. With `drives` (a MountPlanner), the jobs are laid
+    out on the drives' chains (carousel/plan.py)."""
+    jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
+    in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
+    slots = min(control.files_per_job * jobs_limit - in_flight, control.choose_per_cycle)
+    selection = select(now=now, control=control, sort=sort, share=share, slots=slots)
+    if byte_budget is not None:
+        selection.chosen = _within(selection.chosen, byte_budget)
+    if not selection.chosen:
+        return []
+    staged_elsewhere = RestoreRequest.objects.filter(path_key=OuterRef("path_key"), state__in=IN_FLIGHT_STATES)
+    with transaction.atomic():
+        claimed = dict(
+            (i, (path, key)) for i, path, key in
+            RestoreRequest.objects.filter(id__in=[c.id for c in selection.chosen], state=S.QUEUED)
+            .exclude(Exists(staged_elsewhere)).exclude(tape__quarantined_at__isnull=False)
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("id", "path", "path_key")
+        )
+        chosen = [c for c in selection.chosen if c.id in claimed]
+        return _make_jobs(chosen, claimed, selection.tapes, now=now, control=control, drives=drives)
+
+
+def _within(chosen, byte_budget):
+    """The first chosen requests, in sending order, whose sizes fit in the budget."""
+    kept, used = [], 0
+    for c in chosen:
+        used += c.size
+        if used > byte_budget:
+            break
+        kept.append(c)
+    return kept
+
+
+def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
+    """Tapes in the order the policies chose them; each tape's files in read order, at most
+    N (control.files_per_job) distinct files per job. With `drives`, each tape's work is a piece of a
+    drive's chain (MountPlanner); a piece longer than N files is several jobs sent together.
+    All jobs in one INSERT, all claims in one UPDATE."""
+    by_tape = {}
+    for c in chosen:
+        by_tape.setdefault(c.tape, []).append(c)
+    ordered = {}  # tape -> [(path, key, position, size)] in read order, one per file
+    users = {tape_id: Counter(c.user for c in candidates) for tape_id, candidates in by_tape.items()}
+    for tape_id, candidates in by_tape.items():
+        files = {}
+        for c in in_read_order(candidates, tapes):
+            files.setdefault(claimed[c.id], (*claimed[c.id], c.position or 0, c.size or 0))
+        ordered[tape_id] = list(files.values())
+    if drives is not None:
+        pieces = drives.lay_out(ordered, tapes, users, control=control)
+    else:
+        pieces = [Planned(tape_id, files) for tape_id, files in ordered.items()]
+    files_per_job = control.files_per_job
+    jobs, job_of_key, rank_of_key = [], {}, {}
+    for piece in pieces:
+        # A piece after another one planned in this cycle follows that one's last job.
+        after = piece.after.last_job if isinstance(piece.after, Planned) else piece.after
+        for start in range(0, len(piece.files), files_per_job):
+            part = piece.files[start:start + files_per_job]
+            job = Job(tape_id=piece.tape, files=len(part), created_at=now, rank=len(jobs), chain=piece.chain,
+                      after_id=after, jumps_queue=piece.jumps, estimate_s=piece.estimate_s * len(part) / len(piece.files))
+            jobs.append((job, part))
+            job_of_key.update((f[1], job.id) for f in part)
+            rank_of_key.update((f[1], rank) for rank, f in enumerate(part))
+            piece.last_job = job.id
+    if not jobs:
+        return []
+    Job.objects.bulk_create([job for job, _ in jobs])
+    for piece in pieces:
+        if piece.jumps and piece.after is not None:
+            # A short mount put before the long ones: the long ones that followed what it
+            # follows now follow it.
+            before = piece.after.last_job if isinstance(piece.after, Planned) else piece.after
+            Job.objects.filter(state=JobState.PENDING, after_id=before, chain=piece.chain,
+                               jumps_queue=False).exclude(created_at=now).update(after_id=piece.last_job)
+    # Other users' queued requests for the same files ride along in the same stage.
+    request_transition(RestoreRequest.objects.filter(path_key__in=list(job_of_key), state=S.QUEUED), S.SUBMITTED,
+                       now=now, job_id=Case(*[When(path_key=k, then=Value(j)) for k, j in job_of_key.items()],
+                                            output_field=UUIDField()),
+                       job_rank=Case(*[When(path_key=k, then=Value(r)) for k, r in rank_of_key.items()],
+                                     output_field=PositiveIntegerField()))
+    return [JobSpec(id=str(job.id), paths=[f[0] for f in part]) for job, part in jobs]

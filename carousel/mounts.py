@@ -1,0 +1,259 @@
+"""The mount plan's glue (its pure part is plan.py): one chain of mounts per drive, laid out
+from what is planned or in flight; short mounts first and preemption of a long one; sending
+each job once the one before it on its chain is finished."""
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db.models import Count, F, Q
+
+from . import plan
+from .failures import Failure, fail_requests
+from .models import (
+    IN_FLIGHT_STATES, READY, Control, ErrorClass, Job, JobState, RequestState as S, RestoreRequest, StagerHealth,
+)
+from .progress import files_in_flight, job_spec
+from .services import request_transition
+from .stagers.base import StagerUnavailable
+from .tape import MEDIA, mount_profile
+
+log = logging.getLogger("carousel.loop")
+FINISHED_JOBS = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass
+class Planned:
+    """A piece of work for one tape, as the jobs that carry it: its files (path, key, position,
+    size) in read order; its drive chain ("" when unplanned) and the job it follows."""
+
+    tape: int
+    files: list
+    chain: str = ""
+    after: object = None  # a Job id, or an earlier Planned of this cycle
+    estimate_s: float = 0.0
+    jumps: bool = False  # a short mount put before the long ones
+    last_job: object = None  # set once its jobs exist
+
+
+@dataclass
+class MountPlanner:
+    """Lays a cycle's new work out on the drives' chains (carousel/plan.py) from what is
+    already planned or in flight. `drives`: media -> drives to plan for."""
+
+    drives: dict
+    read_rate_mb_s: float | None = None
+    exchange_s: float = 11.0
+
+    @classmethod
+    def from_status(cls, status, control):
+        """From the stager's status() and the control row; None (no plan) when neither gives a
+        drive count."""
+        counts = {}
+        for drive in status.get("drives") or []:
+            media = drive.get("media") or ""
+            counts[media] = counts.get(media, 0) + 1
+        if control.drives:
+            counts = {(next(iter(counts)) if len(counts) == 1 else ""): control.drives}
+        if not counts:
+            return None
+        return cls(drives=counts, read_rate_mb_s=status.get("read_rate_mb_s"),
+                   exchange_s=float(status.get("exchange_s") or 11.0))
+
+    def lay_out(self, ordered, tapes, users, *, control):
+        """[Planned] for {tape id: [(path, key, position, size)] in read order}; `users`: tape
+        id -> Counter of the users whose requests these are."""
+        chains = self._chains()
+        # Short mounts of users with little in flight go first: one analyst's file does not wait
+        # behind hours of someone's backlog. (A short remnant of a big backlog does not jump.)
+        # This cycle's claims count too: a backlog's first cycle is not "little in flight".
+        load = Counter(user for tape_users in users.values() for user in tape_users.elements())
+        load.update(dict(RestoreRequest.objects.filter(user_id__in=list(load), state__in=IN_FLIGHT_STATES)
+                         .order_by().values_list("user_id").annotate(n=Count("id")).values_list("user_id", "n")))
+        busy = {user for user, n in load.items() if n >= control.files_per_job}
+        pending_tape = {tape: rest for tape, *rest in Job.objects.filter(
+            state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").order_by("created_at", "rank")
+            .values_list("tape_id", "chain", "after_id", "jumps_queue")}
+        pieces, work = [], {}
+        for tape_id, files in ordered.items():
+            media = tapes[tape_id].media if tape_id in tapes else None
+            group = media if media in self.drives else ("" if "" in self.drives else None)
+            if group is None or media not in MEDIA:
+                pieces.append(Planned(tape_id, files))  # no drive or no model for it: sent at once
+                continue
+            pre, suf = mount_profile(media, [(f[2], f[3]) for f in files], read_rate_mb_s=self.read_rate_mb_s,
+                                     exchange_s=self.exchange_s)
+            if tape_id in pending_tape:  # joins the tape's planned mount: sent with it
+                chain, after, jumps = pending_tape[tape_id]
+                pieces.append(Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps))
+            elif pre[-1] <= control.short_mount_s and not set(users[tape_id]) & busy:
+                pieces.append(self._short(tape_id, files, pre[-1], chains, group, control))
+            else:
+                work.setdefault(group, []).append(plan.TapeWork(tape_id, tuple(range(len(files))), tuple(pre),
+                                                                tuple(suf)))
+        # Cut tapes across drives only for the last of the backlog: while more waits, whole
+        # tapes keep every drive busy with one mount each.
+        # (This cycle's claims are still queued until its jobs are made.)
+        keys = [f[1] for files in ordered.values() for f in files]
+        split = not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists()
+        for group, tape_work in work.items():
+            ends = {name: c.end_s for name, c in chains.items() if name.startswith(f"{group}/")}
+            layout, _ = plan.plan(ends, tape_work, split=split)
+            for name, new in layout.items():
+                after = chains[name].tail
+                for p in new:
+                    files = [ordered[p.tape][i] for i in p.keys]
+                    after = Planned(p.tape, files, chain=name, after=after, estimate_s=p.seconds)
+                    pieces.append(after)
+        return pieces
+
+    def _short(self, tape_id, files, estimate, chains, group, control):
+        """A short mount goes on the drive where it would start first: after that drive's
+        current mount and the short ones already waiting there, first come first served; the
+        long mounts planned on it follow. Behind a long mount a short one waits about the time
+        it takes to cut it (see preempt)."""
+        mine = {name: c for name, c in chains.items() if name.startswith(f"{group}/")}
+
+        def start(name):
+            c = mine[name]
+            head = c.head_left_s
+            if c.head_long and control.preempt_after_s > 0:
+                head = min(head, control.preempt_after_s + PREEMPT_FREES_S)
+            return head + c.shorts_s
+
+        name = min(mine, key=lambda n: (start(n), n))
+        chain = mine[name]
+        chain.shorts_s += estimate
+        front = chain.front
+        planned = Planned(tape_id, files, chain=name, after=front, estimate_s=estimate, jumps=True)
+        if chain.tail == front:  # nothing long waits on this drive: this cycle's long work follows it
+            chain.tail = planned
+        chain.front = planned
+        return planned
+
+    def _chains(self):
+        """{chain name: _Chain} for every drive, from the unfinished jobs on the chains."""
+        chains = {f"{media}/{i}": _Chain() for media, n in self.drives.items() for i in range(n)}
+        jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
+                    .order_by("created_at", "rank").values_list("id", "chain", "state", "after_id", "estimate_s",
+                                                                "files", "jumps_queue"))
+        sent = [j[0] for j in jobs if j[2] == JobState.SENT]
+        left = dict(RestoreRequest.objects.filter(job_id__in=sent, state__in=IN_FLIGHT_STATES).order_by()
+                    .values_list("job_id").annotate(n=Count("path_key", distinct=True)).values_list("job_id", "n"))
+        followed = {j[3] for j in jobs}
+        for job_id, name, state, after, estimate, files, jumps in jobs:
+            chain = chains.setdefault(name, _Chain())
+            share = estimate * (left.get(job_id, 0) / files if state == JobState.SENT and files else 1.0)
+            chain.end_s += share
+            if state == JobState.SENT:
+                chain.front = job_id
+                chain.head_left_s += share
+                chain.head_long = chain.head_long or not jumps and estimate > 0
+            elif jumps:  # a short mount waiting at the front
+                chain.front = job_id
+                chain.shorts_s += share
+            if job_id not in followed:
+                chain.tail = job_id
+        return chains
+
+
+@dataclass
+class _Chain:
+    end_s: float = 0.0  # until its planned and sent work is done (estimated)
+    head_left_s: float = 0.0  # until the mount now on its drive (its jobs sent) is done
+    head_long: bool = False  # that mount is a long one (a short one waiting may cut it)
+    front: object = None  # the job a new short mount follows: the last one sent, or the last short one waiting
+    shorts_s: float = 0.0  # the short mounts waiting at the front
+    tail: object = None  # the job that new long work follows
+
+
+# Roughly what a cut long mount still takes before its drive is free: the file being read, the
+# rewind and unload, the robot's put-back.
+PREEMPT_FREES_S = 300.0
+
+
+def send_jobs(*, now, stager):
+    """Send every committed, unacknowledged job. A job left pending by a crash is sent again
+    with the same id, which the stager treats as the same job. Returns the error that stopped
+    sending, or ""."""
+    ready = Q(after__isnull=True) | Q(after__state__in=FINISHED_JOBS)
+    pending = {str(j.id): j for j in Job.objects.filter(ready, state=JobState.PENDING).select_related("tape")
+               .order_by("created_at", "rank")}
+    if not pending:
+        return ""
+    files = files_in_flight(pending)
+    for job_id, job in pending.items():
+        spec = job_spec(job, files[job_id])
+        if not spec.paths:
+            Job.objects.filter(id=job.id).update(state=JobState.CANCELLED, finished_at=now)
+            continue
+        try:
+            backend_id = stager.submit(spec)
+        except StagerUnavailable as exc:  # the job stays pending for a later cycle
+            log.warning("submitting %s failed: %s", job.id, exc)
+            return str(exc) or type(exc).__name__
+        except Exception as exc:  # noqa: BLE001 - the stager refused this job: the others still go
+            log.exception("the stager refused job %s", job.id)
+            _refused(job, exc, now=now)
+            continue
+        Job.objects.filter(id=job.id, state=JobState.PENDING).update(
+            state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now)
+    return ""
+
+
+def preempt(*, now, stager, control):
+    """A short mount that has waited `preempt_after_s` behind a long one on its drive's chain
+    cuts that one short: the long mount's files after the one on the drive are withdrawn from
+    the stager and go back to the queue (not counted as an attempt), so the drive comes free
+    after the file it is reading. At most one per `preempt_gap_s`, so long mounts are not cut
+    to pieces. Returns the files withdrawn."""
+    if control.preempt_after_s <= 0:
+        return 0
+    last = StagerHealth.objects.values_list("preempted_at", flat=True).first()
+    if last is not None and (now - last).total_seconds() < control.preempt_gap_s:
+        return 0
+    candidates = (Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT,
+                                     created_at__lte=now - timedelta(seconds=control.preempt_after_s))
+                  .select_related("after").order_by("created_at", "rank")[:20])
+    for waiting in candidates:
+        # The mount it waits for is the piece its predecessor belongs to: that tape's jobs sent
+        # on that chain. Only a long one is cut.
+        piece = list(Job.objects.filter(state=JobState.SENT, chain=waiting.after.chain,
+                                        tape_id=waiting.after.tape_id).order_by("created_at", "rank"))
+        if sum(j.estimate_s for j in piece) > control.short_mount_s:
+            break
+    else:
+        return 0
+    rank = {j.id: i for i, j in enumerate(piece)}
+    rows = sorted(RestoreRequest.objects.filter(job__in=piece, state__in=IN_FLIGHT_STATES)
+                  .values_list("job_id", "job_rank", "path"), key=lambda r: (rank[r[0]], r[1]))
+    # The first of them in read order is on the drive (or next to be): it finishes.
+    withdrawn = {}
+    for job_id, _, path in rows[1:]:
+        if path != rows[0][2]:
+            withdrawn.setdefault(job_id, []).append(path)
+    if not withdrawn:
+        return 0
+    backend = {j.id: j.backend_id for j in piece}
+    n = 0
+    for job_id, paths in withdrawn.items():
+        stager.cancel(backend[job_id], paths)
+        # Back in the queue as soon as the stager let them go: were a later cancel to fail,
+        # these must not come back from the poll as failures.
+        n += request_transition(RestoreRequest.objects.filter(job_id=job_id, path__in=paths,
+                                                              state__in=IN_FLIGHT_STATES),
+                                S.QUEUED, now=now, attempts=F("attempts") - 1)
+        StagerHealth.objects.filter(id=1).update(preempted_at=now)
+    log.info("the mount of tape %s cut after its current file for short job %s: %d requests back in the queue",
+             waiting.after.tape_id, waiting.id, n)
+    return sum(len(paths) for paths in withdrawn.values())
+
+
+def _refused(job, exc, *, now):
+    """A job the stager refuses (not "unavailable": an error of its own) fails transiently, so
+    its requests wait for the retry cycle, bounded by their attempts, instead of blocking every
+    later job."""
+    control = Control.get()
+    failure = Failure(f"the stager refused the job: {exc}", ErrorClass.TRANSIENT)
+    fail_requests(RestoreRequest.objects.filter(job=job), failure, now=now, control=control)
+    Job.objects.filter(id=job.id).update(state=JobState.FAILED, finished_at=now)

@@ -1,0 +1,153 @@
+"""Progress: poll the jobs in flight and move their requests on (staging, delivering, done,
+retry, failed); tell the health judgement what was seen of the stager."""
+import logging
+
+from django.db import transaction
+from django.db.models import Case, Max, Value, When
+
+from . import health as h, plugins
+from .failures import count_tape_failures, fail_requests
+from .models import (
+    ACTIVE_STATES, IN_FLIGHT_STATES, ErrorClass, Job, JobState, RequestState as S, RestoreRequest, StagerHealth, Tape,
+)
+from .services import request_transition
+from .stagers.base import JobSpec, StagerUnavailable
+
+log = logging.getLogger("carousel.loop")
+
+
+def log_unexpected(exc, doing):
+    """An exception other than StagerUnavailable is a bug (ours or the backend's): the cycle
+    carries on as if the stager were down, and the traceback goes to the log."""
+    if not isinstance(exc, StagerUnavailable):
+        log.exception("unexpected error while %s", doing, exc_info=exc)
+
+
+def files_in_flight(jobs):
+    """{job id: {path: the states of its requests}} for these jobs' files in flight, each job's
+    in the read order the policy chose (several users' requests for one file are one path);
+    one query for all."""
+    files = {job_id: {} for job_id in jobs}
+    for job_id, path, state in (RestoreRequest.objects.filter(job_id__in=list(jobs), state__in=IN_FLIGHT_STATES)
+                                .order_by("job_id", "job_rank", "id").values_list("job_id", "path", "state")):
+        files[str(job_id)].setdefault(path, set()).add(state)
+    return files
+
+
+def job_spec(job, files):
+    return JobSpec(id=str(job.id), paths=list(files), tape=job.tape.label if job.tape else "",
+                   backend_id=job.backend_id)
+
+
+def collect_progress(*, now, stager, control, report):
+    """Poll the jobs in flight and move their requests on; return what was seen of the
+    stager. While it is down, one job is polled as a probe: one call a cycle, however many
+    jobs wait, and the full poll follows in the same cycle once it answers. A cycle costs one
+    query for all the jobs' files, and writes only for the files whose state changed."""
+    jobs = {str(j.id): j for j in Job.objects.filter(state=JobState.SENT).select_related("tape")
+            .order_by("sent_at")}
+    if not jobs:
+        if StagerHealth.get().state != h.DOWN:
+            return h.Observation()
+        try:  # down with nothing in flight: one cheap call tells whether it is back
+            stager.status()
+        except Exception as exc:  # noqa: BLE001
+            log_unexpected(exc, "probing")
+            return h.Observation(reachable=False, error=f"status: {exc}")
+        return h.Observation()
+    files = files_in_flight(jobs)
+    for job_id in [j for j in jobs if not files[j]]:  # every file cancelled or restored elsewhere
+        Job.objects.filter(id=job_id).update(state=JobState.DONE, finished_at=now)
+        del jobs[job_id]
+    specs = [job_spec(job, files[job_id]) for job_id, job in jobs.items()]
+    try:
+        if specs and StagerHealth.get().state == h.DOWN:
+            stager.poll(specs[:1])
+        answers = stager.poll(specs) if specs else {}
+    except Exception as exc:  # noqa: BLE001 - whatever the backend raised, it did not answer
+        log_unexpected(exc, "polling")
+        return h.Observation(reachable=False, error=f"poll: {exc}")
+    results = failures = 0
+    tape_failures = {}
+    # What moved, gathered over all jobs and written in one statement each: a path in flight
+    # belongs to one job only, so (job in these, path in those) picks exactly these files.
+    starting, done, failed, moved_jobs, ended_jobs = [], [], [], [], []
+    for job_id, job in jobs.items():
+        statuses = answers.get(job_id)
+        if statuses is None:
+            # The backend does not know this job: put its requests back in the queue.
+            request_transition(RestoreRequest.objects.filter(job=job, state__in=IN_FLIGHT_STATES), S.QUEUED, now=now)
+            Job.objects.filter(id=job.id).update(state=JobState.FAILED, finished_at=now)
+            continue
+        current = files[job_id]
+        ended = set()
+        moved = False
+        for st in statuses:
+            if st.path not in current:
+                continue
+            if st.state == "staging" and S.SUBMITTED in current[st.path]:
+                starting.append(st.path)
+                moved = True
+            elif st.state in ("done", "failed"):
+                (done if st.state == "done" else failed).append((job, st))
+                ended.add(st.path)
+                moved = True
+        if moved:
+            moved_jobs.append(job.id)
+        if ended >= set(current):
+            ended_jobs.append(job.id)
+    if moved_jobs:
+        with transaction.atomic():
+            in_jobs = RestoreRequest.objects.filter(job_id__in=moved_jobs)
+            if starting:
+                request_transition(in_jobs.filter(path__in=starting), S.STAGING, now=now)
+            if done:
+                report.done += _staged(in_jobs, [st for _, st in done], now=now)
+                results += len(done)
+            for job, st in failed:
+                fail_requests(in_jobs.filter(job=job, path=st.path), st, now=now, control=control, report=report)
+                results += 1
+                # Only the stager's own trouble throttles it; a user's missing files do not.
+                failures += st.error_class == ErrorClass.TRANSIENT
+                if job.tape_id and st.error_class in (ErrorClass.TRANSIENT, ErrorClass.PERMANENT):
+                    tape_failures.setdefault(job.tape_id, []).append(st.message)
+            Job.objects.filter(id__in=moved_jobs).update(progress_at=now)
+            Job.objects.filter(id__in=ended_jobs).update(state=JobState.DONE, finished_at=now)
+    count_tape_failures(tape_failures, now=now, control=control)
+    progressed = bool(moved_jobs)
+    # Stalled: jobs wait at the stager, and none has moved for the stall time.
+    latest = None if progressed else Job.objects.filter(state=JobState.SENT).aggregate(p=Max("progress_at"))["p"]
+    stalled = latest is not None and (now - latest).total_seconds() > control.stall_after_s
+    return h.Observation(results=results, failures=failures, progressed=progressed, stalled=stalled)
+
+
+def _staged(in_job, statuses, *, now):
+    """Files on the stager's disk: every user's active request for them moves on, one stage
+    serving all users; those with a destination go to delivery, the others are done."""
+    disk_path = {st.path: st.disk_path for st in statuses}
+    rows = list(in_job.filter(path__in=list(disk_path)).values_list("path", "path_key"))
+    if not rows:
+        return 0
+    keys = [k for _, k in rows]
+    delivery = plugins.delivery()
+    n = 0
+    if delivery.moves_files:
+        to_deliver = RestoreRequest.objects.filter(path_key__in=keys, state__in=ACTIVE_STATES).exclude(
+            state=S.DELIVERING).exclude(destination="")
+        by_fs = {}
+        for rid, path, destination in to_deliver.values_list("id", "path", "destination"):
+            try:
+                fs = delivery.filesystem(destination)
+            except OSError:
+                fs = "?"
+            by_fs.setdefault(fs, []).append((rid, path))
+        for fs, members in by_fs.items():
+            staged = Case(*[When(path=p, then=Value(disk_path.get(p) or p)) for p in {p for _, p in members}])
+            n += request_transition(RestoreRequest.objects.filter(id__in=[r for r, _ in members]), S.DELIVERING,
+                                    now=now, delivery_fs=fs, staged_path=staged, delivery_started_at=None)
+        keys_left = RestoreRequest.objects.filter(path_key__in=keys, destination="")
+    else:
+        keys_left = RestoreRequest.objects.filter(path_key__in=keys)
+    n += request_transition(keys_left.exclude(state=S.DELIVERING), S.DONE, now=now)
+    Tape.objects.filter(requests__path_key__in=keys, recent_failures__gt=0).update(recent_failures=0)
+    return n
