@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from carousel.sim.library import File, Library
+from carousel.sim.library import LOCATE_CONSTANTS, File, Library, Mismatch
 from carousel.sim.replay import drain
 from carousel.tape import GB, MEDIA, locate_s, read_s, rewind_s
 
@@ -163,3 +163,45 @@ def test_busy_time_counts_mounting_positioning_and_reading():
 def test_an_unknown_technology_is_refused():
     with pytest.raises(ValueError, match="LTO-3"):
         Library(drives={"LTO-3": 1})
+
+
+def mismatch_job(lib):
+    """One job of scattered files on one tape; (its last read's end, the library's clock at the end)."""
+    files = [lto7(f"/m{i}", offset, 3) for i, offset in enumerate((5, 900, 2400, 4100, 5600))]
+    lib.submit("j", files)
+    drain(lib)
+    return [t for t, _, _, _ in lib.reads], lib.now
+
+
+def test_a_mismatched_library_departs_from_the_model_and_its_seed_repeats():
+    nominal = mismatch_job(library())
+    # The nominal library takes exactly what the model says (test above); a departed one does
+    # not: its locates, wraps and read rate are the tape's and drive's own.
+    departed = mismatch_job(library(mismatch=Mismatch(0.3, 7)))
+    assert departed[1] != pytest.approx(nominal[1], rel=1e-3)
+    assert all(a != pytest.approx(b, rel=1e-4) for a, b in zip(departed[0], nominal[0]))
+    # The same seed gives the same library; another seed another one.
+    assert mismatch_job(library(mismatch=Mismatch(0.3, 7))) == departed
+    assert mismatch_job(library(mismatch=Mismatch(0.3, 8)))[1] != pytest.approx(departed[1], rel=1e-6)
+
+
+def test_a_mismatch_stays_within_its_bounds():
+    mismatch = Mismatch(0.3, 1)
+    for tape in ("T1", "T2", "T3", "T4"):
+        media = mismatch.tape_media("LTO-7", tape)
+        for name in LOCATE_CONSTANTS:
+            assert 0.7 <= getattr(media, name) / getattr(LTO7, name) <= 1.3
+        assert 1 - 0.02 <= media.bytes_per_wrap / LTO7.bytes_per_wrap <= 1 + 0.02
+        assert media.load_s == LTO7.load_s and media.wraps == LTO7.wraps
+    factors = {mismatch.read_rate_factor(f"LTO-7 #{i}") for i in range(1, 6)}
+    assert len(factors) == 5 and all(0.9 <= f <= 1.1 for f in factors)
+
+
+def test_a_mismatched_library_survives_a_trip_through_json():
+    lib = library(mismatch=Mismatch(0.3, 7))
+    lib.submit("j", [lto7("/a", 900), lto7("/b", 10)])
+    lib.advance(200)
+    again = Library.from_state(json.loads(json.dumps(lib.to_state())))
+    drain(lib)
+    drain(again)
+    assert again.reads == lib.reads and again.mismatch == lib.mismatch

@@ -12,13 +12,15 @@ from carousel import plugins
 from carousel.loop import run_cycle
 from carousel.sim.lowerbound import lower_bound
 from carousel.models import Control, RestoreRequest
-from carousel.sim.replay import ReplayError, replay_baseline, replay_broker, report
+from carousel.sim.library import Mismatch
+from carousel.sim.replay import ReplayError, drain, replay_baseline, replay_broker, report
 from carousel.services import restore_submit
 from carousel.stagers import simulated
 from carousel.stagers.base import JobSpec
 from carousel.stagers.simulated import SimulatedStager, synthetic_location
 from carousel.tape import GB
 from carousel.sim.workload import WorkloadError, load, parse
+from policies.order import read_order
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"  # copies of ../shared/workloads
 README_KEYS = {"workload", "policy", "baseline", "makespan_s", "lower_bound_s", "mounts", "tapes", "bytes",
@@ -112,6 +114,65 @@ def test_direct_sends_each_request_alone_and_eradat_one_job_per_tape():
     assert list(eradat.library.jobs)[:3] == ["tape-T0", "tape-T1", "tape-T2"] and len(eradat.library.jobs) == 6
     first = [p for _, job, p, _ in eradat.library.reads if job == "tape-T0"]
     assert first == sorted(first, key=lambda p: w.files[p].offset)
+
+
+def test_eradat_rao_reads_each_tape_in_the_brokers_order_and_reports_bytes_read():
+    w = parse(small())
+    rao, eradat = replay_baseline(w, "eradat-rao"), replay_baseline(w, "eradat")
+    assert list(rao.library.jobs)[:3] == list(eradat.library.jobs)[:3]  # the same jobs, longest tape first
+    for tape in ("T0", "T1", "T2"):
+        files = [w.files[f"/data/{tape}/f{i}"] for i in range(5)]
+        read = [p for _, job, p, _ in rao.library.reads if job == f"tape-{tape}"]
+        assert read == read_order("LTO-8", [(f.path, f.offset, f.size) for f in files])
+    assert read != sorted(read, key=lambda p: w.files[p].offset)  # it is not offset order here
+    result = report(w, rao)
+    assert result["baseline"] == "eradat-rao" and result["files_done"] == 18
+    assert result["bytes_read"] == 18 * 2 * GB and result["mismatch"] == 0 and result["mismatch_seed"] is None
+    assert result["makespan_s"] < report(w, eradat)["makespan_s"]
+
+
+def test_a_file_read_twice_counts_twice_in_bytes_read():
+    w = parse(small())
+    outcome = replay_baseline(w, "direct")
+    outcome.library.submit("again", [w.files["/data/T0/f0"]])
+    drain(outcome.library)
+    assert report(w, outcome)["bytes_read"] == 19 * 2 * GB
+
+
+def test_baselines_on_a_departed_library_record_it_and_repeat_with_the_seed():
+    w = parse(small())
+    nominal = report(w, replay_baseline(w, "eradat"))
+    once = report(w, replay_baseline(w, "eradat", mismatch=Mismatch(0.3, 5)))
+    twice = report(w, replay_baseline(w, "eradat", mismatch=Mismatch(0.3, 5)))
+    assert once["mismatch"] == 0.3 and once["mismatch_seed"] == 5
+    assert once["makespan_s"] == twice["makespan_s"] != pytest.approx(nominal["makespan_s"], rel=1e-4)
+    assert once["lower_bound_s"] == nominal["lower_bound_s"]  # the bound keeps the nominal model
+
+
+def test_a_departed_library_that_beats_the_nominal_bound_is_reported_not_failed():
+    w = parse(small())
+    outcome = replay_baseline(w, "direct", mismatch=Mismatch(0.3, 5))
+    outcome.library.reads = [(0.0, *read[1:]) for read in outcome.library.reads]
+    result = report(w, outcome)
+    assert result["beats_nominal_bound"] is True and "beat the nominal lower bound" in result["note"]
+
+
+def test_the_broker_replays_on_a_departed_library(db):
+    w = parse(small())
+    result = report(w, replay_broker(w, control={"files_per_job": 4}, mismatch=Mismatch(0.3, 5)))
+    assert result["mismatch"] == 0.3 and result["mismatch_seed"] == 5
+    assert result["files_done"] == 18 and result["bytes_read"] == 18 * 2 * GB
+
+
+def test_the_command_passes_the_mismatch_to_the_replay(tmp_path):
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(small()))
+    call_command("simulate", str(path), "--baseline", "eradat-rao", "--mismatch", "0.3", "--mismatch-seed", "4",
+                 "--report", str(tmp_path / "r.json"))
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["baseline"] == "eradat-rao" and result["mismatch"] == 0.3 and result["mismatch_seed"] == 4
+    with pytest.raises(CommandError, match="needs --mismatch"):
+        call_command("simulate", str(path), "--baseline", "eradat", "--mismatch-seed", "4")
 
 
 def test_the_broker_replays_through_the_real_loop(db):

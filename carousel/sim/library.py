@@ -18,8 +18,9 @@ each cartridge move; drives wait for one in turn. Pure and deterministic: the ti
 argument (advance(to)), simultaneous events go in drive order, and the whole state turns into
 plain JSON and back (the live stager keeps it in a file).
 """
+import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..tape import MEDIA, locate_s, read_s, rewind_s
 
@@ -41,6 +42,41 @@ JOINABLE = frozenset({FETCH, LOAD, LOCATE, READ})
 BUSY_PHASES = frozenset({FETCH, LOAD, LOCATE, READ, REWIND, UNLOAD, PUT_BACK})
 
 QUEUED, STAGING, DONE, FAILED, CANCELLED = "queued", "staging", "done", "failed", "cancelled"
+
+
+# The constants of the locate model (carousel/tape.py) that a departed library draws per tape.
+LOCATE_CONSTANTS = ("c_fixed_s", "locate_speed_m_s", "rewind_fixed_s", "c_wrap_s", "c_band_s", "c_direction_s",
+                    "c_back_s")
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A library whose physics departs from the model the broker plans with (tape-physics.md's
+    figures are nominal; real cartridges and drives differ). Per tape, each locate constant is
+    scaled by its own factor in [1 - P, 1 + P] and the bytes a wrap holds by one in
+    [1 - P/15, 1 + P/15] (data reaches tape compressed already, so a wrap holds close to its
+    nominal bytes; files deep in the tape then lie at other wraps and places than the model
+    says); per drive, the read rate by a factor in [1 - P/3, 1 + P/3]. Each factor is drawn
+    from the seed and the tape's label (or the drive's name) alone, so the same seed gives the
+    same library whatever is sent to it, in whatever order."""
+
+    fraction: float
+    seed: int
+
+    def _draw(self, what, spread):
+        # A string seed is hashed by random with SHA-512: stable across runs and processes.
+        return 1.0 + random.Random(f"carousel-mismatch/{self.seed}/{what}").uniform(-spread, spread)
+
+    def tape_media(self, media, tape):
+        nominal = MEDIA[media]
+        changes = {name: getattr(nominal, name) * self._draw(f"tape/{tape}/{name}", self.fraction)
+                   for name in LOCATE_CONSTANTS}
+        changes["bytes_per_wrap"] = max(1, round(nominal.bytes_per_wrap * self._draw(
+            f"tape/{tape}/bytes_per_wrap", self.fraction / 15)))
+        return replace(nominal, **changes)
+
+    def read_rate_factor(self, drive_name):
+        return self._draw(f"drive/{drive_name}/read_rate", self.fraction / 3)
 
 
 @dataclass(frozen=True)
@@ -79,9 +115,11 @@ class Segment:
 
 class Library:
     def __init__(self, *, drives, read_rate_mb_s=None, robots=DEFAULT_ROBOTS, exchange_s=DEFAULT_EXCHANGE_S,
-                 now=0.0, record=True):
+                 now=0.0, record=True, mismatch=None):
         """`drives`: technology -> number of drives. `record`: keep every phase as a Segment and
-        every read as (time, job, path, size); replays need them, the live library does not."""
+        every read as (time, job, path, size); replays need them, the live library does not.
+        `mismatch`: a Mismatch, or None for a library that works exactly as carousel/tape.py
+        says (status() still shows the nominal figures: they are what a site would know)."""
         unknown = sorted(set(drives) - set(MEDIA))
         if unknown:
             raise ValueError(f"unknown drive technology {', '.join(unknown)}; known: {', '.join(MEDIA)}")
@@ -102,6 +140,9 @@ class Library:
         self.changes = 0  # file state changes made by events (reads ending, drives taking jobs)
         self.segments = []
         self.reads = []  # (end time, job, path, size)
+        self.mismatch = mismatch
+        self._departed = {}  # tape label -> its Media under the mismatch
+        self._rate_factors = {}  # drive name -> its read rate factor under the mismatch
 
     # The broker's side --------------------------------------------------------------------
 
@@ -263,17 +304,30 @@ class Library:
             self._set(drive, drive.after_robot, self.exchange_s)
             drive.after_robot = ""
 
+    def _physics(self, drive):
+        """(the Media of the tape in this drive, the drive's read rate in MB/s or None for the
+        technology's native one)."""
+        if self.mismatch is None:
+            return MEDIA[drive.media], self.read_rate_mb_s
+        media = self._departed.get(drive.tape)
+        if media is None:
+            media = self._departed[drive.tape] = self.mismatch.tape_media(drive.media, drive.tape)
+        factor = self._rate_factors.get(drive.name)
+        if factor is None:
+            factor = self._rate_factors[drive.name] = self.mismatch.read_rate_factor(drive.name)
+        return media, (self.read_rate_mb_s or media.read_rate_mb_s) * factor
+
     def _end_phase(self, drive):
-        media = MEDIA[drive.media]
+        media, rate = self._physics(drive)
         phase = drive.phase
         if phase == FETCH:
             self._set(drive, LOAD, media.load_s)
             self._robot_free()
         elif phase == LOAD:
             drive.head = 0
-            self._next_file(drive, media)
+            self._next_file(drive, media, rate)
         elif phase == LOCATE:
-            self._set(drive, READ, read_s(media, drive.current[3], self.read_rate_mb_s))
+            self._set(drive, READ, read_s(media, drive.current[3], rate))
         elif phase == READ:
             job, path, offset, size = drive.current
             drive.head = offset + size
@@ -285,7 +339,7 @@ class Library:
                 states[path] = DONE
             if self.record:
                 self.reads.append((self.now, job, path, size))
-            self._next_file(drive, media)
+            self._next_file(drive, media, rate)
         elif phase == REWIND:
             self._set(drive, UNLOAD, media.unload_s)
         elif phase == UNLOAD:
@@ -296,7 +350,7 @@ class Library:
             self._robot_free()
             self._dispatch()
 
-    def _next_file(self, drive, media):
+    def _next_file(self, drive, media, rate):
         if not drive.work:
             self._set(drive, REWIND, rewind_s(media, drive.head))
             return
@@ -305,7 +359,7 @@ class Library:
         if seconds > 0:
             self._set(drive, LOCATE, seconds)
         else:
-            self._set(drive, READ, read_s(media, drive.current[3], self.read_rate_mb_s))
+            self._set(drive, READ, read_s(media, drive.current[3], rate))
 
     # Plain data ---------------------------------------------------------------------------
 
@@ -320,12 +374,14 @@ class Library:
             "mounts": self.mounts, "bytes_read": self.bytes_read, "changes": self.changes,
             "segments": [[s.drive, s.phase, s.start, s.end, s.tape] for s in self.segments],
             "reads": [list(r) for r in self.reads],
+            "mismatch": [self.mismatch.fraction, self.mismatch.seed] if self.mismatch else None,
         }
 
     @classmethod
     def from_state(cls, state):
         library = cls(drives={}, read_rate_mb_s=state["read_rate_mb_s"], robots=state["robots"],
-                      exchange_s=state["exchange_s"], now=state["now"], record=state["record"])
+                      exchange_s=state["exchange_s"], now=state["now"], record=state["record"],
+                      mismatch=Mismatch(*state["mismatch"]) if state.get("mismatch") else None)
         library.drives = [Drive(**{**d, "work": deque(d["work"])}) for d in state["drives"]]
         library.robots_busy = state["robots_busy"]
         library.robot_queue = deque(state["robot_queue"])

@@ -24,6 +24,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from carousel import plugins
 from carousel.sim import plots, replay
+from carousel.sim.library import Mismatch
 from carousel.sim.workload import WorkloadError, load
 
 CHILD_ENV = "CAROUSEL_REPLAY_CHILD"
@@ -41,6 +42,13 @@ def _setting(text):
         return name, value
 
 
+def _fraction(text):
+    value = float(text)
+    if not 0 <= value < 1:
+        raise ValueError("expected a fraction in [0, 1)")
+    return value
+
+
 class Command(BaseCommand):
     help = "Replay a workload (.json or .json.gz) through the broker and the simulated library; report as JSON."
 
@@ -54,6 +62,12 @@ class Command(BaseCommand):
         parser.add_argument("--cycle", type=float, help="cycle period of the control row, seconds")
         parser.add_argument("--set", type=_setting, action="append", default=[], metavar="FIELD=VALUE",
                             help="any other control field, e.g. default_user_cap=2000 (JSON values)")
+        parser.add_argument("--mismatch", type=_fraction, default=0.0, metavar="P",
+                            help="the library departs from the broker's model by up to P (0 <= P < 1): per tape "
+                            "locate constants x U[1-P,1+P], bytes per wrap x U[1-P/15,1+P/15]; per drive read rate "
+                            "x U[1-P/3,1+P/3]")
+        parser.add_argument("--mismatch-seed", type=int, metavar="S",
+                            help="the seed of the departed library (default 0); the same seed, the same library")
         parser.add_argument("--report", help="write the report here (default: print it)")
         parser.add_argument("--plot", help="draw the drive timeline, bytes and waits here (.png or .svg)")
         parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite",
@@ -74,10 +88,13 @@ class Command(BaseCommand):
                     plugins.resolve(registry, options[option])
                 except plugins.PluginError as exc:
                     raise CommandError(f"--{option}: {exc}") from exc
+        if options["mismatch_seed"] is not None and not options["mismatch"]:
+            raise CommandError("--mismatch-seed needs --mismatch P with P > 0")
+        mismatch = Mismatch(options["mismatch"], options["mismatch_seed"] or 0) if options["mismatch"] else None
         if options["baseline"]:
             if options["sort"] or options["share"]:
                 raise CommandError("--sort and --share apply to the broker, not to a baseline")
-            outcome = replay.replay_baseline(workload, options["baseline"])
+            outcome = replay.replay_baseline(workload, options["baseline"], mismatch=mismatch)
             return self._finish(workload, outcome, options)
         if options["here"] or os.environ.get(CHILD_ENV):
             call_command("migrate", verbosity=0, interactive=False)
@@ -90,7 +107,8 @@ class Command(BaseCommand):
                     self.stderr.write(f"{workload.name}: {cycles[0]} cycles, {now / 3600:.1f} simulated hours")
 
             try:
-                outcome = replay.replay_broker(workload, control=self._control(options), progress=progress)
+                outcome = replay.replay_broker(workload, control=self._control(options), progress=progress,
+                                               mismatch=mismatch)
             except replay.ReplayError as exc:
                 raise CommandError(str(exc)) from exc
             return self._finish(workload, outcome, options)
@@ -128,6 +146,8 @@ class Command(BaseCommand):
 def summary(result):
     who = f"baseline {result['baseline']}" if result["baseline"] else (
         f"broker {result['policy']['sort']}/{result['policy']['share']}")
+    if result.get("mismatch"):
+        who += f" (mismatch {result['mismatch']} seed {result['mismatch_seed']})"
     return (f"{result['workload']} {who}: makespan {result['makespan_s']:.0f} s, lower bound "
             f"{result['lower_bound_s']:.0f} s (x{result['ratio_to_bound']:.2f}), {result['mounts']} mounts for "
             f"{result['tapes']} tapes, {result['throughput_mb_s']:.1f} MB/s, wall {result['wall_s']:.1f} s")
@@ -136,7 +156,8 @@ def summary(result):
 def _as_arguments(options):
     """The options again as a command line, for the child."""
     out = [options["workload"], "--verbosity", str(options["verbosity"])]
-    for name in ("sort", "share", "files_per_job", "jobs_in_flight", "cycle", "report", "plot", "database"):
+    for name in ("sort", "share", "files_per_job", "jobs_in_flight", "cycle", "report", "plot", "database",
+                 "mismatch", "mismatch_seed"):
         if options.get(name) is not None:
             out += [f"--{name.replace('_', '-')}", str(options[name])]
     for name, value in options["set"]:
