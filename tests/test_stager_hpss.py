@@ -1,4 +1,6 @@
 """The hpss stager against tests/fakes/hsi, which prints hsi's formats; no database needed."""
+import importlib.machinery
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -95,9 +97,45 @@ def test_it_reports_missing_files_as_permanent_errors(catalog, stager):
                                message="hpss_Lstat: No such file or directory [-2: HPSS_ENOENT]")
 
 
-def test_it_passes_paths_with_spaces_and_quotes(catalog, stager):
-    odd = ["/exp/run 7/a file.dat", "/exp/it's.dat", '/exp/say "hi".dat', "/exp/both ' and \".dat",
-           "/exp/semi;colon.dat", "/exp/back\\slash \".dat"]
+def fake_words(command_string):
+    """The fake hsi's reading of a command line (tests/fakes/hsi, words())."""
+    loader = importlib.machinery.SourceFileLoader("fake_hsi", str(FAKE_HSI))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("fake_hsi", loader))
+    loader.exec_module(module)
+    return module.words(command_string)
+
+
+SPACED = "/exp/run 7/a file.dat"
+# Quotes, semicolons, backslashes, leading dashes, wildcards, relative paths, hsi's rename.
+UNSAFE = ["/exp/it's.dat", '/exp/say "hi".dat', "/exp/both ' and \".dat", '/exp/q";stage "/exp/victim',
+          "/exp/semi;stage /exp/victim", "/exp/back\\slash.dat", '/exp/back\\" ; stage /exp/victim',
+          "-P", "-", "--help", "exp/relative", "/exp/*", "/exp/v[i]ctim", "/exp/run : /exp/victim",
+          "/exp/ends with a blank "]
+
+
+@pytest.mark.parametrize("unsafe", UNSAFE)
+def test_a_path_hsi_cannot_be_given_safely_is_refused_and_its_batch_still_answered(catalog, stager, unsafe):
+    catalog.add(unsafe, position=1)
+    catalog.add("/exp/victim", position=2)
+    catalog.add(SPACED, position=3, size=123)
+    paths = [SPACED, unsafe]
+
+    good, refused = stager.locate(paths)
+    stager.submit(job(paths))
+    statuses = stager.poll([job(paths)])["job-1"]
+
+    assert (good.path, good.size) == (SPACED, 123)
+    assert isinstance(refused, LocateError) and refused.error_class == "permanent" and "hsi" in refused.message
+    assert statuses[0].state == "done"
+    assert statuses[1].state == "failed" and statuses[1].error_class == "permanent"
+    assert json.loads(catalog.file.read_text())["/exp/victim"]["on_disk"] is False
+    # hsi heard of the spaced path only, as one word, and nothing else.
+    for call in catalog.calls():
+        assert fake_words(call[-1]) in ([["ls", "-P", SPACED]], [["stage", SPACED]], [["ls", "-V", SPACED]]), call
+
+
+def test_paths_with_spaces_and_safe_punctuation_are_carried_as_one_word(catalog, stager):
+    odd = [SPACED, "/exp/a+b,c@d%e~f=g-h_i.j", "/exp/double  space", "/exp/x:y"]
     for i, path in enumerate(odd):
         catalog.add(path, position=i, size=100 + i)
 
@@ -106,6 +144,8 @@ def test_it_passes_paths_with_spaces_and_quotes(catalog, stager):
     assert [(loc.path, loc.size) for loc in found] == [(p, 100 + i) for i, p in enumerate(odd)]
     stager.submit(job(odd))
     assert all(s.state == "done" for s in stager.poll([job(odd)])["job-1"])
+    (call,) = catalog.calls("stage")
+    assert fake_words(call[-1]) == [["stage", *odd]]
 
 
 def test_it_rejects_paths_hsi_cannot_name_without_asking_it(catalog, stager):

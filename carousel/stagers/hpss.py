@@ -56,14 +56,15 @@ from .base import FileStatus, LocateError, Location, Stager, StagerUnavailable
 # VERIFIED: the `ls -P` FILE line [I][T][N]: field 2 the path, 3 the size in bytes, 5
 #   position+offset, 6 the volume list; listings may come on standard error [T][N]; volume
 #   labels are 8 characters, the cartridge being the first 6 [T][N]; exit 64 for a missing ls
-#   target, 72 for a missing rm target [W]; printable-ASCII paths, quoted when they hold a space [M].
+#   target, 72 for a missing rm target [W]; printable-ASCII paths, quoted when they hold a space [M];
+#   ";" between commands, wildcards, "-" for DIR0 and options [M] (so what hsi_quote refuses).
 # PARTLY VERIFIED: the `ls -V` level rows [V]; how its blocks for several files are laid out is
 #   ASSUMED (each begins with a line ending in the file's path, like `ls -l`).
 # ASSUMED: the error lines, "*** <call>: <text> [<code>: HPSS_E...]" as HPSS users quote them
 #   ([W] only checks for HPSS_ENOENT), then the path on the next line (a guess; a path at the
 #   end of the *** line is accepted too); that `stage <paths>` queues the recalls and returns
 #   without waiting for the tapes (if a site's hsi waits, set stage_command to its no-wait form);
-#   the quoting of quotes inside a path; that exit codes other than 0, 64 and 72 mean
+#   that exit codes other than 0, 64 and 72 mean
 #   connection trouble (hsi's codes look like sysexits.h: 64 EX_USAGE, 72 EX_OSFILE).
 # ----------------------------------------------------------------------------------------------
 
@@ -81,15 +82,35 @@ LEVEL_ROW = re.compile(r"^\s*\d+\s+\((disk|tape)\)\s*(.*)$")
 Listing = namedtuple("Listing", "size tape position")
 
 
+# What a path may hold to be carried to hsi, and why no more. hsi documents [M] that blanks
+# separate words, ";" separates commands, and that a path with spaces "must be quoted" (with
+# double quotes, as its examples do); it documents wildcards (* ? ^ [] {}) that work in every
+# command, "-" as a path meaning DIR0, a leading "-" as an option, "!" as a local command, and
+# "local : hpss" renames. It does not document whether quotes protect ";" or wildcards, nor any
+# escape for a quote or a backslash. So a path is carried only when its meaning cannot depend on
+# what is undocumented: absolute (never an option, "-", "~", "!" or a pipe), made of the
+# characters below, spaces (in double quotes, as documented) but none beside a colon; anything
+# else is refused with a permanent error before hsi is run, never guessed at.
+HSI_SAFE = re.compile(r"/[A-Za-z0-9 /._+,:@%~=-]*")
+
+
 def hsi_quote(path):
-    """The path as one hsi word. Raises ValueError for a path hsi cannot name [M]."""
+    """The path as one hsi word. Raises ValueError, saying why, for a path that hsi cannot be
+    given safely (see HSI_SAFE)."""
     if not path or any(not " " <= ch <= "~" for ch in path):
         raise ValueError(f"hsi cannot name this path (only printable ASCII): {path!r}")
-    if '"' not in path:
-        return f'"{path}"'
-    if "'" not in path:
-        return f"'{path}'"
-    return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'  # ASSUMED
+    if not path.startswith("/"):
+        raise ValueError(f"hsi is given absolute paths only (a leading '-' would be an option): {path!r}")
+    if not HSI_SAFE.fullmatch(path):
+        refused = "".join(sorted({ch for ch in path if not HSI_SAFE.fullmatch("/" + ch)}))
+        raise ValueError(f"hsi cannot be given this path safely: it holds {refused!r}, which hsi may read as "
+                         f"quoting, an escape, a command separator or a wildcard: {path!r}")
+    if path.endswith(" "):
+        raise ValueError(f"hsi's listings end a line with the path: one ending in a blank cannot be read back: "
+                         f"{path!r}")
+    if re.search(r"\s:|:\s", path):
+        raise ValueError(f"hsi would read a colon beside a blank as its 'local : hpss' rename: {path!r}")
+    return f'"{path}"'
 
 
 def command_line(verb, paths):
