@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from carousel.stagers.base import FileStatus, JobSpec, LocateError, Location, StagerUnavailable
+from policies.order import read_order
 from carousel.stagers.hpss import (
     OFFSET_BITS, HpssStager, parse_errors, parse_ls_P, parse_ls_V, tape_order_key,
 )
@@ -323,3 +324,52 @@ def test_it_finds_the_path_an_error_is_about():
     assert parse_errors(text, ["/gone", "/secret", "/fine"]) == {
         "/gone": "hpss_Lstat: No such file or directory [-2: HPSS_ENOENT]",
         "/secret": "hpss_Open: Permission denied [-13: HPSS_EACCES] /secret"}
+
+
+def test_site_label_patterns_give_each_volume_its_technology(catalog, tmp_path):
+    stager = HpssStager(hsi=FAKE_HSI, state_dir=tmp_path / "state",
+                        media={"LTO-7": ["AG*", "VB*"], "LTO-8": "AU*"}, default_media="LTO-9")
+    catalog.add("/exp/a", volume="AG084600", position=9)
+    catalog.add("/exp/b", volume="AU031800", position=3)
+    catalog.add("/exp/c", volume="ZZ000100", position=1)
+    catalog.add("/exp/d", volume="", position=0)  # not migrated yet: no tape, no technology
+    catalog.add("/exp/e", volume="AG084600", position=2, offset=77)
+
+    found = {loc.path: loc for loc in stager.locate(["/exp/a", "/exp/b", "/exp/c", "/exp/d", "/exp/e"])}
+
+    assert {p: loc.media for p, loc in found.items()} == {
+        "/exp/a": "LTO-7", "/exp/b": "LTO-8", "/exp/c": "LTO-9", "/exp/d": "", "/exp/e": "LTO-7"}
+    # The broker's tape model reads HPSS's keys in HPSS's own order.
+    files = [(p, found[p].position, found[p].size) for p in ("/exp/a", "/exp/e")]
+    assert read_order("LTO-7", files) == ["/exp/e", "/exp/a"]
+    with pytest.raises(ValueError, match="unknown technology 'LTO-3'"):
+        HpssStager(hsi=FAKE_HSI, media={"LTO-3": ["X*"]})
+
+
+def test_through_hsi_the_loop_lays_jobs_out_on_the_drives_chains(catalog, tmp_path, db, alice, now, monkeypatch):
+    """hsi shows no drives: the control row's count and the site's label patterns give the plan."""
+    from carousel.loop import run_cycle
+    from carousel.models import Control, Job, JobState, RestoreRequest
+    from carousel.services import restore_submit
+
+    monkeypatch.setenv("FAKE_HSI_HOLD", "1")  # recalls stay in flight: the plan can be seen
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 50, "jobs_in_flight": 10, "drives": 2,
+                                                     "sort_policy": "TAPEID", "mount_min_files": 1})
+    paths = []
+    for t in range(4):
+        for i in range(6):
+            paths.append(f"/exp/T{t}/f{i}")
+            catalog.add(paths[-1], volume=f"AG00{t}000", position=i + 1, size=20 * 10**9)
+    stager = HpssStager(hsi=FAKE_HSI, state_dir=tmp_path / "state", media={"LTO-7": ["AG*"]})
+    restore_submit(user=alice, paths=paths, now=now)
+    run_cycle(now=now, stager=stager)
+    assert not RestoreRequest.objects.filter(tape__isnull=True).exists()
+
+    jobs = list(Job.objects.order_by("created_at", "rank"))
+    assert len(jobs) == 4 and {j.chain for j in jobs} == {"/0", "/1"}
+    sent = [j for j in jobs if j.state == JobState.SENT]
+    assert len(sent) == 2 and {j.chain for j in sent} == {"/0", "/1"}  # one mount per drive at HPSS
+    assert {j.after_id for j in jobs if j.state == JobState.PENDING} == {j.id for j in sent}
+    assert all(j.estimate_s > 0 for j in jobs)
+    staged = [w for call in catalog.calls("stage") for command in fake_words(call[-1]) for w in command[1:]]
+    assert sorted(staged) == sorted(p for j in sent for p in j.requests.values_list("path", flat=True))

@@ -14,6 +14,7 @@ What hsi prints is only partly documented; every reading of its output is in the
 with what is verified and what is assumed, so that a site adjusts that block and nothing else.
 """
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from pathlib import Path
 from django.conf import settings
 
 from ..models import ErrorClass
+from ..tape import MEDIA
 from .base import FileStatus, LocateError, Location, Stager, StagerUnavailable
 
 # ----------------------------------------------------------------------------------------------
@@ -259,11 +261,46 @@ def _file_status(path, error, staged, in_cache):
     return FileStatus(path=path, state="done" if in_cache else "staging")
 
 
+def media_rules(media, default_media):
+    """[(fnmatch pattern, technology)] from the `media` option ({technology: [label patterns]})
+    and `default_media`, checked: an unknown technology is a configuration error."""
+    rules = []
+    for technology, patterns in (media or {}).items():
+        if technology not in MEDIA:
+            raise ValueError(f"hpss option media: unknown technology {technology!r}; known: {', '.join(MEDIA)}")
+        if isinstance(patterns, str):
+            patterns = [patterns]
+        rules += [(str(pattern), technology) for pattern in patterns]
+    if default_media:
+        if default_media not in MEDIA:
+            raise ValueError(f"hpss option default_media: unknown technology {default_media!r}; "
+                             f"known: {', '.join(MEDIA)}")
+        rules.append(("*", default_media))
+    return rules
+
+
+# With a technology known, the broker plans mounts for the tape (carousel/mounts.py) and orders
+# its files with the tape model, which takes Location.position for a byte offset. HPSS gives
+# no byte offset, only (section, offset in it), so the key is moved past the end of every
+# technology's tape: the model then sees the files one after another at the tape's end, each
+# reached by a forward locate of the same cost, so the order stays HPSS's own (ascending key,
+# which its Tape Ordered Recall refines) and a mount's estimate counts its loads, a locate per
+# file, its reads and its rewind, without the head travel no one here can know.
+BEYOND_TAPE_END = 1 << OFFSET_BITS
+assert all(max(m.capacity_bytes, m.wraps * m.bytes_per_wrap) < BEYOND_TAPE_END for m in MEDIA.values())
+
+
 class HpssStager(Stager):
-    """release() is the base no-op: HPSS purges its disk cache by its own policy."""
+    """release() is the base no-op: HPSS purges its disk cache by its own policy.
+
+    Options beside hsi's: `media`, {technology: [cartridge label patterns]} (fnmatch, e.g.
+    {"LTO-7": ["AG*", "VB*"], "LTO-8": "AU*"}), and `default_media` for labels no pattern
+    matches: the technology of each volume, which hsi does not print, so that the broker plans
+    mounts for HPSS's tapes (with the control row's drive count: hsi shows no drives)."""
 
     def __init__(self, hsi="hsi", timeout_s=120, batch=500, extra_args=(), state_dir=None,
-                 stage_command="stage", keep_days=30):
+                 stage_command="stage", keep_days=30, media=None, default_media=""):
+        self.media_rules = media_rules(media, default_media)
         self.hsi = str(hsi)
         self.timeout_s = timeout_s
         self.batch = batch
@@ -368,13 +405,21 @@ class HpssStager(Stager):
         listed, errors = self._ask_all("ls -P", list(dict.fromkeys(paths)), parse_ls_P)
         return [self._location(path, listed, errors) for path in paths]
 
-    @staticmethod
-    def _location(path, listed, errors):
+    def media_of(self, tape):
+        """The technology of a cartridge by the site's label patterns, or "" when none says."""
+        if tape == NOT_ON_TAPE:
+            return ""
+        return next((media for pattern, media in self.media_rules if fnmatch.fnmatchcase(tape, pattern)), "")
+
+    def _location(self, path, listed, errors):
         if path in listed:
             size, tape, position = listed[path]
-            # media stays "": the broker then reads each tape in ascending position, which is
-            # HPSS's tape order, instead of taking the key for a byte offset.
-            return Location(path=path, tape=tape, position=position, size=size)
+            media = self.media_of(tape)
+            if media:  # see BEYOND_TAPE_END
+                position = min(position + BEYOND_TAPE_END, (1 << 63) - 1)
+            # Without a technology the broker reads each tape in ascending position, which is
+            # HPSS's tape order, and sends its jobs without a mount plan.
+            return Location(path=path, tape=tape, position=position, size=size, media=media)
         error_class, message = errors.get(path, (ErrorClass.TRANSIENT, "hsi ls -P did not list this path"))
         return LocateError(path=path, error_class=error_class, message=message)
 
