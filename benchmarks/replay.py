@@ -8,6 +8,17 @@ table and, as its last line, one JSON object.
 
 --quick: the shipped default policies only. --jobs N: N broker runs at once (their walls then
 include each other's load; time the replay speed with --jobs 1).
+
+    .venv/bin/python benchmarks/replay.py --ablation [--mismatch 0.3] [--seeds 1 2 3] [--jobs 2]
+        [--results FILE] [--only NAME ...] [--skip-mismatch NAME ...]
+
+--ablation: what each gain is worth. For every workload: the broker (shipped control defaults),
+eradat-rao (eradat in the broker's read order), eradat and the lower bound, on the nominal
+library and on libraries departing from the model by --mismatch for each of --seeds; prints a
+markdown table (eradat / eradat-rao is the order's part of the speed-up, eradat-rao / broker the
+plan's) and, last, the JSON of every run. Nominal runs go first, the largest workloads last.
+--results FILE keeps every finished run there and reuses it when run again (so a long set can be
+finished later, or a subset re-run after deleting its entries).
 """
 import argparse
 import json
@@ -15,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,11 +40,12 @@ SHARES = ("EQUAL", "GROUP", "GRPW")
 DEFAULT = ("TAPEID", "GRPW")
 
 
-def broker(path, sort, share, scratch):
-    report = Path(scratch) / f"{path.name}-{sort}-{share}.json"
+def broker(path, sort, share, scratch, extra=()):
+    report = Path(scratch) / f"{path.name}-{sort}-{share}-{'-'.join(extra)}.json"
     started = time.perf_counter()
     done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "simulate", str(path), "--sort", sort,
-                           "--share", share, "--report", str(report)], capture_output=True, text=True, cwd=ROOT)
+                           "--share", share, "--report", str(report), *extra], capture_output=True, text=True,
+                          cwd=ROOT)
     wall = time.perf_counter() - started
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1], "command_wall_s": wall}
@@ -63,13 +76,132 @@ def fmt(value, digits=0):
     return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
 
 
+# The ablation ----------------------------------------------------------------------------------
+
+KINDS = ("broker", "eradat-rao", "eradat")
+
+
+def workload_paths(directory, only=None):
+    paths = sorted(p for p in Path(directory).iterdir() if p.name.endswith((".json", ".json.gz")))
+    named = [(p.name.removesuffix(".gz").removesuffix(".json"), p) for p in paths]
+    return [(n, p) for n, p in named if not only or n in only]
+
+
+def run_key(name, kind, seed):
+    return f"{name}|{kind}|{'nominal' if seed is None else seed}"
+
+
+def ablation_run(name, path, kind, seed, mismatch, scratch):
+    """One replay's report (the keys the table reads, and the report's own)."""
+    extra = ["--mismatch", str(mismatch), "--mismatch-seed", str(seed)] if seed is not None else []
+    started = time.perf_counter()
+    if kind == "broker":
+        result = broker(path, *DEFAULT, scratch, extra)
+    else:
+        done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "simulate", str(path), "--baseline", kind,
+                               "--report", str(Path(scratch) / f"{name}-{kind}-{seed}.json"), *extra],
+                              capture_output=True, text=True, cwd=ROOT)
+        result = ({"error": (done.stderr.strip().splitlines() or ["failed"])[-1]} if done.returncode else
+                  json.loads((Path(scratch) / f"{name}-{kind}-{seed}.json").read_text()))
+    result["command_wall_s"] = time.perf_counter() - started
+    keep = ("makespan_s", "lower_bound_s", "mounts", "tapes", "bytes", "bytes_read", "files_done", "files_failed",
+            "mismatch", "mismatch_seed", "beats_nominal_bound", "groups", "command_wall_s", "error", "policy")
+    return {k: result.get(k) for k in keep}
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def shares_text(workload, result):
+    """Each group's share of files restored against its weight's fraction, when there are several."""
+    if not result or not result.get("groups") or len(workload.groups) < 2:
+        return "-"
+    total = sum(workload.groups.values())
+    parts = []
+    for group, weight in workload.groups.items():
+        share = (result["groups"].get(group) or {}).get("share")
+        parts.append(f"{group} {share:.2f}/{weight / total:.2f}" if share is not None else f"{group} -")
+    return ", ".join(parts)
+
+
+def ablation(args):
+    from carousel.sim.lowerbound import lower_bound
+    from carousel.sim.workload import load
+
+    results_file = Path(args.results) if args.results else None
+    results = json.loads(results_file.read_text()) if results_file and results_file.exists() else {}
+    workloads = workload_paths(args.workloads, args.only)
+    loaded = {name: load(path) for name, path in workloads}
+    size = {name: len(w.requests) for name, w in loaded.items()}
+    seeds = [None] + [s for s in args.seeds]
+    tasks = []
+    # Nominal first, then each seed; within each, the smallest workloads first (storm last).
+    for seed in seeds:
+        for name, path in sorted(workloads, key=lambda np: size[np[0]]):
+            if seed is not None and name in (args.skip_mismatch or ()):
+                continue
+            for kind in KINDS:
+                if run_key(name, kind, seed) not in results:
+                    tasks.append((name, path, kind, seed))
+    lock = threading.Lock()
+
+    def run(task):
+        name, path, kind, seed = task
+        result = ablation_run(name, path, kind, seed, args.mismatch, scratch)
+        with lock:
+            results[run_key(name, kind, seed)] = result
+            if results_file:
+                results_file.write_text(json.dumps(results, indent=1))
+        print(f"  {name} {kind} {'nominal' if seed is None else f'mismatch {args.mismatch} seed {seed}'}: "
+              f"{fmt(result.get('makespan_s'))} s{'  ERROR ' + result['error'] if result.get('error') else ''}",
+              file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(run, tasks))
+
+    print(f"| workload | library | lower bound s | eradat s | eradat-rao s | broker s | order x | plan x | "
+          f"speed-up x | retained | broker mounts | broker bytes_read / bytes | broker shares / weights |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for name, _ in workloads:
+        bound = lower_bound(loaded[name]).seconds
+        nominal_speedup = None
+        for seed in seeds:
+            got = {kind: results.get(run_key(name, kind, seed)) for kind in KINDS}
+            if not any(got.values()):
+                continue
+            span = {kind: (r or {}).get("makespan_s") for kind, r in got.items()}
+            speedup = ratio(span["eradat"], span["broker"])
+            if seed is None:
+                nominal_speedup = speedup
+            b = got["broker"] or {}
+            retained = ratio(speedup, nominal_speedup) if seed is not None else None
+            beat = " (beats the nominal bound)" if any((r or {}).get("beats_nominal_bound") for r in got.values()) \
+                else ""
+            reads = f"{ratio(b.get('bytes_read'), b.get('bytes')):.3f}" if b.get("bytes") else "-"
+            print(f"| {name} | {'nominal' if seed is None else f'P={args.mismatch} seed {seed}'}{beat} | "
+                  f"{bound:,.0f} | {fmt(span['eradat'])} | {fmt(span['eradat-rao'])} | {fmt(span['broker'])} | "
+                  f"{fmt(ratio(span['eradat'], span['eradat-rao']), 2)} | "
+                  f"{fmt(ratio(span['eradat-rao'], span['broker']), 2)} | {fmt(speedup, 2)} | "
+                  f"{fmt(retained * 100, 0) + '%' if retained else '-'} | {fmt(b.get('mounts'))} | {reads} | "
+                  f"{shares_text(loaded[name], b)} |")
+    print(json.dumps(results))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workloads", default=str(ROOT.parent / "shared" / "workloads"))
     parser.add_argument("--only", nargs="*", help="workload names (file names without extension)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--ablation", action="store_true", help="broker, eradat-rao, eradat, bound; and mismatched")
+    parser.add_argument("--mismatch", type=float, default=0.3)
+    parser.add_argument("--seeds", type=int, nargs="*", default=[1, 2, 3])
+    parser.add_argument("--results", help="--ablation: keep finished runs in this JSON file and reuse them")
+    parser.add_argument("--skip-mismatch", nargs="*", help="--ablation: workloads to replay on the nominal library only")
     args = parser.parse_args()
+    if args.ablation:
+        return ablation(args)
 
     from carousel.sim.lowerbound import lower_bound
     from carousel.sim.replay import replay_baseline, report
