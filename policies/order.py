@@ -9,10 +9,19 @@ is ordered exactly instead. Files that stream one into the next move as one run.
 """
 from bisect import bisect_left
 from collections import deque
+from dataclasses import replace
 from typing import NamedTuple
 
 from carousel.tape import MEDIA, Media, Position, locate_between_s, position, rewind_s
 
+# Where a byte lands is known only roughly: a cartridge's wraps hold a little more or less than
+# the table says (compression, the drive that wrote it), and the error adds up along the tape,
+# so deep in a tape the wrap of a file, and so the direction it is read in, is a guess. Costs
+# are the mean over wraps holding this much more or less (SCENARIOS evenly spread): where the
+# wrap is sure they are the model's, where it is not they favour orders that are good whichever
+# wrap it is. 0 trusts the table exactly.
+WRAP_UNCERTAINTY = 0.01
+SCENARIOS = 5
 EXACT_UP_TO = 7  # runs; the exact search takes under a millisecond at 7, growing as n² 2ⁿ
 SWEEP_GROUPS = (1, 2, 4, 8, 16, 32)
 # Runs times starting orders improved: every start for a few hundred runs, one for 1000.
@@ -116,16 +125,43 @@ def exact_order(cost, count):
     return order[::-1]
 
 
-def run_costs(media, runs):
-    """cost(i, j): head time from the end of run i to the start of run j. Index len(runs) stands
-    for BOT: leaving it is the locate after the load, going to it the rewind."""
+def scenarios(media, uncertainty=None):
+    """The tape models the costs average over: bytes per wrap spread evenly over the
+    uncertainty (just the nominal model when it is 0)."""
+    uncertainty = WRAP_UNCERTAINTY if uncertainty is None else uncertainty
+    if uncertainty <= 0 or SCENARIOS < 2:
+        return [media]
+    steps = [-uncertainty + 2 * uncertainty * k / (SCENARIOS - 1) for k in range(SCENARIOS)]
+    return [replace(media, bytes_per_wrap=round(media.bytes_per_wrap * (1 + step))) for step in steps]
+
+
+def run_costs(media, runs, uncertainty=None):
+    """cost(i, j): head time from the end of run i to the start of run j, the mean over the
+    scenarios. Index len(runs) stands for BOT: leaving it is the locate after the load, going
+    to it the rewind."""
     bot = len(runs)
-    ends = [run.end for run in runs] + [position(media, 0)]
-    starts = [run.start for run in runs]
-    rewinds = [rewind_s(media, run.end.offset) for run in runs] + [0.0]
+    models = scenarios(media, uncertainty)
+    if len(models) == 1:
+        ends = [run.end for run in runs] + [position(media, 0)]
+        starts = [run.start for run in runs]
+        rewinds = [rewind_s(media, run.end.offset) for run in runs] + [0.0]
+
+        def cost(i, j):
+            return rewinds[i] if j == bot else locate_between_s(media, ends[i], starts[j])
+        return cost
+    share = 1 / len(models)
+    ends = [[position(m, run.end.offset) for run in runs] + [position(m, 0)] for m in models]
+    starts = [[position(m, run.start.offset) for run in runs] for m in models]
+    rewinds = [sum(rewind_s(m, run.end.offset) for m in models) * share for run in runs] + [0.0]
+    known = {}
 
     def cost(i, j):
-        return rewinds[i] if j == bot else locate_between_s(media, ends[i], starts[j])
+        if j == bot:
+            return rewinds[i]
+        found = known.get((i, j))
+        if found is None:
+            found = known[i, j] = share * sum(locate_between_s(m, e[i], s[j]) for m, e, s in zip(models, ends, starts))
+        return found
     return cost
 
 
