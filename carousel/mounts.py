@@ -6,7 +6,9 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db.models import Count, F, Q
+from django.db import transaction
+from django.db.models import Count, F, Q, Value
+from django.db.models.functions import Greatest
 
 from . import plan
 from .failures import Failure, fail_requests
@@ -237,12 +239,16 @@ def preempt(*, now, stager, control):
     backend = {j.id: j.backend_id for j in piece}
     n = 0
     for job_id, paths in withdrawn.items():
-        stager.cancel(backend[job_id], paths)
-        # Back in the queue as soon as the stager let them go: were a later cancel to fail,
-        # these must not come back from the poll as failures.
-        n += request_transition(RestoreRequest.objects.filter(job_id=job_id, path__in=paths,
-                                                              state__in=IN_FLIGHT_STATES),
-                                S.QUEUED, now=now, attempts=F("attempts") - 1)
+        # Back in the queue together with the stager letting them go, one job at a time: the
+        # update waits in a transaction until cancel() returns, so a refused cancel leaves
+        # them in flight (the mount runs on) and a withdrawn file is never left in flight, where
+        # the poll would see it as failed. The cut gives back the attempt the job's submission
+        # counted; a request that joined another user's stage spent none, so none comes back.
+        with transaction.atomic():
+            n += request_transition(RestoreRequest.objects.filter(job_id=job_id, path__in=paths,
+                                                                  state__in=IN_FLIGHT_STATES),
+                                    S.QUEUED, now=now, attempts=Greatest(F("attempts") - 1, Value(0)))
+            stager.cancel(backend[job_id], paths)
         StagerHealth.objects.filter(id=1).update(preempted_at=now)
     log.info("the mount of tape %s cut after its current file for short job %s: %d requests back in the queue",
              waiting.after.tape_id, waiting.id, n)

@@ -225,3 +225,57 @@ def test_a_replay_cuts_the_last_tapes_across_idle_drives(db):
     assert broker["mounts"] == 4  # one tape read in two pieces
     assert broker["makespan_s"] < 0.85 * eradat["makespan_s"]
     assert broker["makespan_s"] >= broker["lower_bound_s"]
+
+
+def _long_mount_with_a_short_one_waiting(now, alice, bob, charlie):
+    """Alice's long mount on the only drive; charlie joins her stage for ten of its files (a
+    shared request spends no attempt); bob's short mount waits behind it."""
+    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900)
+    long_tape = [(f"/d/L/f{i}", i * 100 * GB, 20 * GB) for i in range(40)]
+    stager, clock = library_stager(1, {"L": long_tape, "S": [("/d/S/one", 300 * GB, 2 * GB)]})
+    restore_submit(user=alice, paths=[p for p, _, _ in long_tape], now=now)
+    run_cycle(now=now, stager=stager)
+    shared = [p for p, _, _ in long_tape[-10:]]
+    assert restore_submit(user=charlie, paths=shared, now=now + timedelta(seconds=10)).shared == 10
+    assert set(RestoreRequest.objects.filter(user=charlie).values_list("attempts", flat=True)) == {0}
+    clock[0] = 300.0
+    restore_submit(user=bob, paths=["/d/S/one"], now=now + timedelta(seconds=300))
+    run_cycle(now=now + timedelta(seconds=300), stager=stager)
+    return stager, clock
+
+
+def test_a_cut_gives_back_no_attempt_a_shared_request_never_spent(planned, alice, bob, charlie):
+    """Preemption must not fail good files: a request that joined another user's stage spent no
+    attempt, so the cut has none to give back (attempts >= 0 holds); every cut file, both users'
+    requests for it, goes back to the queue and is read later, once."""
+    now = planned
+    stager, clock = _long_mount_with_a_short_one_waiting(now, alice, bob, charlie)
+    clock[0] = 430.0
+    report = run_cycle(now=now + timedelta(seconds=430), stager=stager)
+    assert report.preempted > 30
+    assert RestoreRequest.objects.filter(user=charlie, state="queued").count() == 10
+    assert set(RestoreRequest.objects.filter(state="queued").values_list("attempts", flat=True)) == {0}
+    assert run_until(stager, clock, now, all_done, limit=40_000)
+    assert RestoreRequest.objects.filter(state="done").count() == 51
+    reads = [path for _, _, path, _ in stager.library.reads]
+    assert len(reads) == len(set(reads)) == 41
+
+
+def test_a_cut_the_stager_refuses_leaves_the_long_mount_running(planned, alice, bob, charlie, monkeypatch):
+    """Nothing goes back to the queue unless the stager let it go, and nothing fails: the
+    long mount simply runs on and every file is read once."""
+    now = planned
+    stager, clock = _long_mount_with_a_short_one_waiting(now, alice, bob, charlie)
+
+    def refuse(backend_id, paths):
+        raise RuntimeError("cancel refused")
+
+    monkeypatch.setattr(stager, "cancel", refuse)
+    clock[0] = 430.0
+    assert run_cycle(now=now + timedelta(seconds=430), stager=stager).preempted == 0
+    assert not RestoreRequest.objects.filter(user__in=[alice, charlie], state="queued").exists()
+    monkeypatch.undo()
+    assert run_until(stager, clock, now, all_done, limit=40_000)
+    assert not RestoreRequest.objects.exclude(state="done").exists()
+    reads = [path for _, _, path, _ in stager.library.reads]
+    assert len(reads) == len(set(reads)) == 41
