@@ -5,13 +5,14 @@ from collections import Counter
 from django.db import transaction
 from django.db.models import Case, Exists, OuterRef, PositiveIntegerField, UUIDField, Value, When
 
-from policies.selection import select
+from policies.selection import EXCHANGE_S, select
 from policies.sorting import in_read_order
 
 from .models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest
 from .mounts import Planned
 from .services import request_transition
 from .stagers.base import JobSpec
+from .tape import MEDIA, mount_profile
 
 
 def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, drives=None):
@@ -54,6 +55,15 @@ def _within(chosen, byte_budget):
     return kept
 
 
+def _estimate(media, files):
+    """A job's estimated drive time, without a plan too: the selection's turns charge it
+    (policies/selection.py). 0 for a technology the model does not know."""
+    if media not in MEDIA:
+        return 0.0
+    pre, _ = mount_profile(media, [(f[2], f[3]) for f in files], exchange_s=EXCHANGE_S)
+    return pre[-1]
+
+
 def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     """Tapes in the order the policies chose them; each tape's files in read order, at most
     N (control.files_per_job) distinct files per job. With `drives`, each tape's work is a piece of a
@@ -72,7 +82,8 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     if drives is not None:
         pieces = drives.lay_out(ordered, tapes, users, control=control)
     else:
-        pieces = [Planned(tape_id, files) for tape_id, files in ordered.items()]
+        pieces = [Planned(tape_id, files, estimate_s=_estimate(tapes[tape_id].media, files))
+                  for tape_id, files in ordered.items()]
     files_per_job = control.files_per_job
     jobs, job_of_key, rank_of_key = [], {}, {}
     for piece in pieces:
