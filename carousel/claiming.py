@@ -3,12 +3,12 @@ jobs (laid out on the drives' chains by mounts.MountPlanner when the drive count
 from collections import Counter
 
 from django.db import transaction
-from django.db.models import Case, Exists, OuterRef, PositiveIntegerField, UUIDField, Value, When
+from django.db.models import Case, Exists, OuterRef, PositiveIntegerField, Sum, UUIDField, Value, When
 
 from policies.selection import EXCHANGE_S, select
 from policies.sorting import in_read_order
 
-from .models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest
+from .models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
 from .mounts import Planned
 from .services import request_transition
 from .stagers.base import JobSpec
@@ -25,7 +25,13 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     out on the drives' chains (carousel/plan.py)."""
     jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
-    slots = min(control.files_per_job * jobs_limit - in_flight, control.choose_per_cycle)
+    window = control.files_per_job * jobs_limit - in_flight
+    slots = min(window, control.choose_per_cycle)
+    if window > slots and _ready_backlog() <= window:
+        # The whole ready backlog fits in the window: choose it all now, so the plan sees all
+        # of it and cuts its last tapes across the drives (plan.py), instead of committing
+        # whole tapes one cycle's choice at a time. Still bounded by N x K.
+        slots = window
     selection = select(now=now, control=control, sort=sort, share=share, slots=slots)
     if byte_budget is not None:
         selection.chosen = _within(selection.chosen, byte_budget)
@@ -42,6 +48,11 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
         )
         chosen = [c for c in selection.chosen if c.id in claimed]
         return _make_jobs(chosen, claimed, selection.tapes, now=now, control=control, drives=drives)
+
+
+def _ready_backlog():
+    """Ready requests of all users, from the trigger-kept counters (no scan of the queue)."""
+    return UserBacklog.objects.aggregate(n=Sum("files"))["n"] or 0
 
 
 def _within(chosen, byte_budget):

@@ -204,10 +204,12 @@ def test_without_a_drive_count_every_job_goes_out_at_once(planned, alice, settin
     assert set(Job.objects.values_list("chain", flat=True)) == {""}
 
 
-def test_a_replay_cuts_the_last_tapes_across_idle_drives(db):
+@pytest.mark.parametrize("choose_per_cycle", [750, 10])
+def test_a_replay_cuts_the_last_tapes_across_idle_drives(db, choose_per_cycle):
     """Three equal tapes on two drives, all requested at once: whole tapes take two rounds (one
     drive idle in the second); the plan cuts one tape so both drives finish together. Replayed
-    through the real loop against the simulated library."""
+    through the real loop against the simulated library; also when one cycle's choice is
+    smaller than the backlog (the whole ready backlog is planned when it fits the window)."""
     from carousel.sim.replay import replay_baseline, replay_broker, report
     from carousel.sim.workload import parse
 
@@ -219,6 +221,8 @@ def test_a_replay_cuts_the_last_tapes_across_idle_drives(db):
     w = parse({"format": "carousel-workload/1", "name": "three-on-two", "library": {"drives": {"LTO-8": 2}},
                "groups": {"p": {"weight": 1}}, "users": {"prod": {"group": "p", "cap": 1000}},
                "tapes": tapes, "requests": requests})
+    Control.get()
+    Control.objects.filter(id=1).update(choose_per_cycle=choose_per_cycle)
     broker = report(w, replay_broker(w))
     eradat = report(w, replay_baseline(w, "eradat"))
     assert broker["files_done"] == 36
