@@ -111,6 +111,14 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     if not jobs:
         return []
     Job.objects.bulk_create([job for job, _ in jobs])
+    taken_back = drives.taken_back if drives is not None else set()
+    if taken_back:  # planned again (MountPlanner.lay_out): their requests move to the new jobs
+        moved = RestoreRequest.objects.filter(job_id__in=list(taken_back), state__in=IN_FLIGHT_STATES)
+        moved.update(job_id=Case(*[When(path_key=k, then=Value(j)) for k, j in job_of_key.items()],
+                                 output_field=UUIDField()),
+                     job_rank=Case(*[When(path_key=k, then=Value(r)) for k, r in rank_of_key.items()],
+                                   output_field=PositiveIntegerField()))
+        Job.objects.filter(id__in=list(taken_back)).delete()
     for piece in pieces:
         if piece.jumps and piece.after is not None:
             # A short mount put before the long ones: the long ones that followed what it
