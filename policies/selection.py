@@ -1,5 +1,5 @@
-"""The selection step of the server loop: how many requests each user may send this cycle
-(the sharing policy) and which ones (the sorting policy).
+"""The selection step of the server loop: whose tape is mounted next (the sharing policy's
+weights, in drive time) and which of each user's requests go (the sorting policy).
 
 Nothing here reads a whole queue. Who has work and how much comes from the trigger-kept
 counters (UserBacklog, TapeBacklog); the candidates come from per-user index scans bounded

@@ -1,6 +1,8 @@
-"""Sharing policies: how many of a cycle's free slots each user with pending work may fill.
-Pure: plain data in, plain data out. The selection step (policies/selection.py) builds the
-demands from the backlog counters and calls allocate() with the slots left.
+"""Sharing policies: each user's claim on the drives' time (drive_weights(), which decides whose
+tape is mounted next), and how many of a cycle's free slots each user with pending work may
+fill (allocate(), which bounds how far into each user's queue a cycle looks). Pure: plain data
+in, plain data out. The selection step (policies/selection.py) builds the demands from the
+backlog counters.
 
 Every policy water-fills: a user never gets more than min(pending, room), a group's users never
 more than the group's room, and what a capped user or group cannot take goes to the others, so
