@@ -20,7 +20,7 @@ from .locating import locate_requests
 from .models import IN_FLIGHT_STATES, Control, RestoreRequest, StagerHealth
 from .mounts import MountPlanner, preempt, send_jobs
 from .plugins import PluginError
-from .progress import collect_progress, log_unexpected
+from .progress import collect_progress, log_unexpected, requeue_orphans
 from .services import bulk_notify_complete
 from .stagers.base import StagerUnavailable
 from .withdrawals import expire_requests
@@ -54,7 +54,7 @@ def run_cycle(*, now, stager=None):
         control = Control.get()
         report = CycleReport()
         report.expired = expire_requests(now=now, stager=stager)
-        report.requeued = requeue_due_retries(now=now)
+        report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)
         seen = collect_progress(now=now, stager=stager, control=control, report=report)
         state = judge_stager(now=now, seen=seen, control=control)
         if state.state == h.HEALTHY:

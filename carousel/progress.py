@@ -14,6 +14,7 @@ from .services import request_transition
 from .stagers.base import JobSpec, StagerUnavailable
 
 log = logging.getLogger("carousel.loop")
+FINISHED_JOBS = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)  # as in mounts.py (b)
 
 
 def log_unexpected(exc, doing):
@@ -37,6 +38,18 @@ def files_in_flight(jobs):
 def job_spec(job, files):
     return JobSpec(id=str(job.id), paths=list(files), tape=job.tape.label if job.tape else "",
                    backend_id=job.backend_id)
+
+
+def requeue_orphans(*, now):
+    """Requests in flight in a job that has already finished go back to the queue. Submission
+    joins another user's job in flight without waiting for the loop; if the loop finishes that
+    job before the submission commits, nothing would ever poll the copy again. Rare, and
+    found here by one indexed query a cycle rather than a lock every submission would take."""
+    orphans = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES, job__state__in=FINISHED_JOBS)
+    n = request_transition(orphans, S.QUEUED, now=now)
+    if n:
+        log.info("%d requests joined a job as it finished: back in the queue", n)
+    return n
 
 
 def collect_progress(*, now, stager, control, report):
