@@ -73,13 +73,18 @@ def collect_progress(*, now, stager, control, report):
         Job.objects.filter(id=job_id).update(state=JobState.DONE, finished_at=now)
         del jobs[job_id]
     specs = [job_spec(job, files[job_id]) for job_id, job in jobs.items()]
+    was_down = StagerHealth.get().state == h.DOWN
     try:
-        if specs and StagerHealth.get().state == h.DOWN:
+        if specs and was_down:
             stager.poll(specs[:1])
         answers = stager.poll(specs) if specs else {}
     except Exception as exc:  # noqa: BLE001 - whatever the backend raised, it did not answer
         log_unexpected(exc, "polling")
         return h.Observation(reachable=False, error=f"poll: {exc}")
+    if was_down:
+        # The first answer after an outage counts as progress: the jobs could not be seen
+        # moving while the stager was down, so the stall clock starts again from here.
+        Job.objects.filter(id__in=list(jobs)).update(progress_at=now)
     results = failures = 0
     tape_failures = {}
     # What moved, gathered over all jobs and written in one statement each: a path in flight
