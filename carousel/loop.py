@@ -46,24 +46,36 @@ class CycleReport:
 
 
 def run_cycle(*, now, stager=None):
-    """Run one cycle unless another process is running one; then skip."""
+    """Run one cycle unless another process is running one; then skip. An exception that
+    escapes a step ends the cycle and is recorded on the control row, where the admin and
+    /api/v1/stager/ show it, until a cycle runs through."""
     with db.try_lock("carousel-cycle") as taken:
         if not taken:
             return CycleReport(skipped=True)
-        stager = stager or plugins.stager()
         control = Control.get()
         report = CycleReport()
-        report.expired = expire_requests(now=now, stager=stager)
-        report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)
-        seen = collect_progress(now=now, stager=stager, control=control, report=report)
-        state = judge_stager(now=now, seen=seen, control=control)
-        if state.state == h.HEALTHY:
-            state = _work(now=now, stager=stager, control=control, state=state, report=report)
-        report.health, report.jobs_limit = state.state, state.limit
-        report.delivering = dispatch_deliveries(now=now, control=control)
-        bulk_notify_complete(now=now)
+        try:
+            _steps(now=now, stager=stager or plugins.stager(), control=control, report=report)
+        except Exception as exc:  # noqa: BLE001 - a bug or a broken plugin: shown, and the next cycle tries
+            report.error = f"the cycle stopped: {type(exc).__name__}: {exc}"
+            if report.error == control.last_cycle_error:
+                log.error("%s (again)", report.error)  # the traceback was logged the first time
+            else:
+                log.exception(report.error)
         Control.objects.filter(id=control.id).update(last_cycle_at=now, last_cycle_error=report.error)
         return report
+
+
+def _steps(*, now, stager, control, report):
+    report.expired = expire_requests(now=now, stager=stager)
+    report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)
+    seen = collect_progress(now=now, stager=stager, control=control, report=report)
+    state = judge_stager(now=now, seen=seen, control=control)
+    if state.state == h.HEALTHY:
+        state = _work(now=now, stager=stager, control=control, state=state, report=report)
+    report.health, report.jobs_limit = state.state, state.limit
+    report.delivering = dispatch_deliveries(now=now, control=control)
+    bulk_notify_complete(now=now)
 
 
 def _work(*, now, stager, control, state, report):

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.db.models import Case, Max, Value, When
 
 from . import health as h, plugins
-from .failures import count_tape_failures, fail_requests
+from .failures import count_tape_failures, fail_requests, says_about_tape
 from .models import (
     ACTIVE_STATES, IN_FLIGHT_STATES, ErrorClass, Job, JobState, RequestState as S, RestoreRequest, StagerHealth, Tape,
 )
@@ -127,7 +127,7 @@ def collect_progress(*, now, stager, control, report):
                 results += 1
                 # Only the stager's own trouble throttles it; a user's missing files do not.
                 failures += st.error_class == ErrorClass.TRANSIENT
-                if job.tape_id and st.error_class in (ErrorClass.TRANSIENT, ErrorClass.PERMANENT):
+                if job.tape_id and says_about_tape(st):
                     tape_failures.setdefault(job.tape_id, []).append(st.message)
             Job.objects.filter(id__in=moved_jobs).update(progress_at=now)
             Job.objects.filter(id__in=ended_jobs).update(state=JobState.DONE, finished_at=now)

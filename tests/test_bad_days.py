@@ -4,12 +4,16 @@ withdrawals and releases that must reach the stager."""
 import threading
 from datetime import timedelta
 
+import pytest
 from django.db import connections, transaction
+from django.test import Client
 
 from carousel.loop import run_cycle
-from carousel.models import Control, RestoreRequest
+from carousel.models import Control, RestoreRequest, Tape
 from carousel.stagers.base import StagerUnavailable
 from carousel.services import restore_submit
+from tests.conftest import client_for
+from tests.test_backpressure import GB, Backend, control
 from tests.test_loop import ScriptedStager
 
 SECOND = timedelta(seconds=1)
@@ -101,3 +105,42 @@ def test_the_first_answer_after_a_long_outage_counts_as_progress(alice, now):
     # The stall clock starts again from the answer: stalled only once nothing moves for 60 s.
     assert run_cycle(now=now + 250 * SECOND, stager=stager).health == "healthy"
     assert run_cycle(now=now + 270 * SECOND, stager=stager).health == "stalled"
+
+
+@pytest.mark.parametrize("message", ["no such file in the HSM", "withdrawn from the simulated library",
+                                     "cancelled at the tape system"])
+def test_failures_that_say_nothing_about_the_tape_do_not_quarantine_it(alice, now, message):
+    control(files_per_job=1, jobs_in_flight=4, quarantine_failures=2, retry_cycle_s=60)
+    paths = [f"/nf/{i}" for i in range(3)]
+    restore_submit(user=alice, now=now, paths=paths)
+    backend = Backend({p: ("TNF", i * GB) for i, p in enumerate(paths)})
+    run_cycle(now=now, stager=backend)
+    for p in paths:
+        backend.file_state[p] = f"failed:permanent:{message}"
+    run_cycle(now=now + 10 * SECOND, stager=backend)
+    assert set(RestoreRequest.objects.values_list("state", flat=True)) == {"failed"}
+    tape = Tape.objects.get(label="TNF")
+    assert tape.quarantined_at is None and tape.recent_failures == 0
+
+
+def test_an_exception_escaping_the_cycle_is_shown_in_the_admin_and_the_api(alice, operator, now, monkeypatch):
+    import carousel.loop
+
+    def broken(**kwargs):
+        raise RuntimeError("delivery table on fire")
+
+    monkeypatch.setattr(carousel.loop, "dispatch_deliveries", broken)
+    restore_submit(user=alice, now=now, paths=["/x/a"])
+    report = run_cycle(now=now, stager=FlakyStager())
+    assert "RuntimeError: delivery table on fire" in report.error
+    body = client_for(alice).get("/api/v1/stager/").json()
+    assert "delivery table on fire" in body["last_cycle_error"]
+    operator.is_superuser = True
+    operator.save()
+    admin = Client()
+    admin.force_login(operator)
+    assert "delivery table on fire" in admin.get("/admin/carousel/control/1/change/").content.decode()
+    # The next cycle that runs through clears it.
+    monkeypatch.undo()
+    run_cycle(now=now + 10 * SECOND, stager=FlakyStager())
+    assert client_for(alice).get("/api/v1/stager/").json()["last_cycle_error"] == ""
