@@ -5,7 +5,8 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connections, transaction
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connections, transaction
 from django.test import Client
 
 from carousel.loop import run_cycle
@@ -144,3 +145,35 @@ def test_an_exception_escaping_the_cycle_is_shown_in_the_admin_and_the_api(alice
     monkeypatch.undo()
     run_cycle(now=now + 10 * SECOND, stager=FlakyStager())
     assert client_for(alice).get("/api/v1/stager/").json()["last_cycle_error"] == ""
+
+
+@pytest.mark.parametrize("field, value", [("files_per_job", 0), ("jobs_in_flight", 0), ("cycle_s", -1.0),
+                                          ("disk_threshold", 1.5), ("failure_ratio", float("nan")),
+                                          ("policy_params", {"slider_age_weight": "heavy"}),
+                                          ("policy_params", [1, 2])])
+def test_the_control_row_refuses_nonsense(db, field, value):
+    control_row = Control.get()
+    setattr(control_row, field, value)
+    with pytest.raises(ValidationError):
+        control_row.full_clean()
+    if field != "policy_params":  # the database keeps numbers in range whoever writes them
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Control.objects.filter(id=1).update(**{field: value})
+
+
+def test_the_admin_refuses_zero_files_per_job_and_keeps_the_row(operator):
+    operator.is_superuser = True
+    operator.save()
+    admin = Client()
+    admin.force_login(operator)
+    Control.get()
+    url = "/admin/carousel/control/1/change/"
+    form = admin.get(url).context["adminform"].form
+    data = {name: value for name, value in form.initial.items() if value is not None and name in form.fields}
+    data.update(files_per_job=0, policy_params="{}")
+    response = admin.post(url, data)
+    assert response.status_code == 200
+    assert "Ensure this value is greater than or equal to 1" in response.content.decode()
+    assert Control.get().files_per_job == 100
+    data.update(files_per_job=7)  # the same form with a sane number is saved
+    assert admin.post(url, data).status_code == 302 and Control.get().files_per_job == 7
