@@ -64,7 +64,7 @@ class ControlAdmin(admin.ModelAdmin):
         ("Policies", {"fields": ["sort_policy", "share_policy", "policy_params", "max_wait_s"]}),
         ("Worth mounting", {"fields": ["mount_min_files", "mount_min_bytes", "mount_max_wait_s"]}),
         ("Batches", {"fields": ["files_per_job", "jobs_in_flight", "choose_per_cycle", "cycle_s", "locate_batch",
-                                "paused"]}),
+                                "locate_attempts", "locate_backoff_s", "paused"]}),
         ("Mount plan", {"fields": ["drives", "short_mount_s", "preempt_after_s", "preempt_gap_s"]}),
         ("Default caps", {"fields": ["default_user_cap", "default_group_cap", "default_queued_ceiling"]}),
         ("Retries", {"fields": ["retry_cycle_s", "max_attempts", "max_delivery_attempts"]}),

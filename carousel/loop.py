@@ -82,7 +82,7 @@ def _work(*, now, stager, control, state, report):
     """Locate, choose and send: only while the stager is healthy. A call that finds the
     stager unreachable ends the cycle's work and marks it down; the next cycle probes."""
     try:
-        report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch)
+        report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
         status = stager.status() or {}
         budget = disk_budget(status=status, control=control)
         sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)

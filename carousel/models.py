@@ -88,7 +88,7 @@ CONTROL_BOUNDS = {
     "retry_cycle_s": (0, 7 * DAY), "max_attempts": (1, 100), "max_delivery_attempts": (1, 100),
     "stall_after_s": (1, 7 * DAY), "failure_ratio": (0, 1), "disk_threshold": (0.01, 1),
     "quarantine_failures": (1, 10_000), "quarantine_window_s": (1, 30 * DAY), "deliveries_per_fs": (1, 1000),
-    "locate_batch": (1, 100_000),
+    "locate_batch": (1, 100_000), "locate_attempts": (1, 1000), "locate_backoff_s": (1, DAY),
 }
 
 
@@ -179,6 +179,12 @@ class Control(Singleton):
         help_text="Copies to one destination file system at once, so restores don't overload it.")
     locate_batch = models.PositiveIntegerField("paths located per cycle", validators=bounded("locate_batch"),
                                                default=5000)
+    locate_attempts = models.PositiveSmallIntegerField(
+        "locate attempts", validators=bounded("locate_attempts"), default=20,
+        help_text="A file the stager cannot place on a tape (\"try later\", or no answer) this many times fails.")
+    locate_backoff_s = models.FloatField(
+        "locate backoff (s)", validators=bounded("locate_backoff_s"), default=60.0,
+        help_text="Such a file is asked about again after this long, doubled after each answer up to 64 times.")
     paused = models.BooleanField("submission paused", default=False)
     last_cycle_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_cycle_error = models.TextField(blank=True, editable=False)
@@ -411,6 +417,10 @@ class RestoreRequest(models.Model):
                                    help_text="The destination's file system.")
     delivery_started_at = models.DateTimeField(null=True, blank=True)
     delivery_attempts = models.PositiveSmallIntegerField(db_default=0)
+    # Locates answered "try later" (or not answered), and when to ask again; empty until then
+    # (nullable: added to a large table without rewriting it).
+    locate_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
+    locate_after = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -443,6 +453,11 @@ class RestoreRequest(models.Model):
                          condition=Q(state=S.DELIVERING)),
             models.Index(fields=["created_at"], name="request_unlocated",
                          condition=Q(state=S.QUEUED, tape__isnull=True)),
+            # The locate step's two queues: new requests, oldest first; those asked before, by due time.
+            models.Index(fields=["created_at", "id"], name="request_locate_new",
+                         condition=Q(state=S.QUEUED, tape__isnull=True, locate_attempts__isnull=True)),
+            models.Index(fields=["locate_after"], name="request_locate_again",
+                         condition=Q(state=S.QUEUED, tape__isnull=True, locate_attempts__isnull=False)),
             # The scheduler's reads, each bounded by what it takes (policies/selection.py).
             models.Index(fields=["user"], name="request_in_flight", condition=Q(state__in=IN_FLIGHT_STATES)),
             models.Index(fields=["user", "created_at", "id"], name="request_ready_user_age", condition=READY),

@@ -150,7 +150,8 @@ def request_retry_now(*, queryset, now):
     duplicate = RestoreRequest.objects.filter(user=OuterRef("user"), path_key=OuterRef("path_key"),
                                               state__in=ACTIVE_STATES).exclude(pk=OuterRef("pk"))
     eligible = queryset.filter(state__in=(S.FAILED, S.RETRY)).exclude(Exists(duplicate))
-    return request_transition(eligible, S.QUEUED, now=now, error_class=ErrorClass.NONE, last_error="")
+    return request_transition(eligible, S.QUEUED, now=now, error_class=ErrorClass.NONE, last_error="",
+                              locate_attempts=None, locate_after=None)
 
 
 def tape_lift_quarantine(*, queryset):

@@ -11,7 +11,7 @@ from django.test import Client
 
 from carousel.loop import run_cycle
 from carousel.models import Control, RestoreRequest, Tape
-from carousel.stagers.base import StagerUnavailable
+from carousel.stagers.base import LocateError, StagerUnavailable
 from carousel.services import restore_submit
 from tests.conftest import client_for
 from tests.test_backpressure import GB, Backend, control
@@ -177,3 +177,41 @@ def test_the_admin_refuses_zero_files_per_job_and_keeps_the_row(operator):
     assert Control.get().files_per_job == 100
     data.update(files_per_job=7)  # the same form with a sane number is saved
     assert admin.post(url, data).status_code == 302 and Control.get().files_per_job == 7
+
+
+class UnsureStager(FlakyStager):
+    """Answers "try again later" for the paths in `unsure`, and nothing at all for `silent`."""
+
+    def __init__(self):
+        super().__init__()
+        self.unsure, self.silent, self.asked = set(), set(), []
+
+    def locate(self, paths):
+        self.asked.append(list(paths))
+        known = [p for p in paths if p not in self.unsure | self.silent]
+        return super().locate(known) + [LocateError(p, "transient", "catalogue busy") for p in paths
+                                        if p in self.unsure]
+
+
+def test_locates_back_off_give_up_with_a_reason_and_new_requests_do_not_wait(alice, bob, now):
+    control(locate_batch=4, locate_attempts=3, locate_backoff_s=60)
+    hopeless = [f"/hopeless/{i}" for i in range(3)] + ["/silent/0"]
+    restore_submit(user=alice, now=now - 100 * SECOND, paths=hopeless)
+    restore_submit(user=bob, now=now, paths=["/fresh/a", "/fresh/b"])
+    stager = UnsureStager()
+    stager.unsure, stager.silent = set(hopeless[:3]), {"/silent/0"}
+    run_cycle(now=now, stager=stager)
+    run_cycle(now=now + 10 * SECOND, stager=stager)
+    # The old hopeless ones wait for their backoff: the new ones are located and sent.
+    assert set(RestoreRequest.objects.filter(user=bob).values_list("state", flat=True)) <= {"submitted", "done"}
+    assert all(set(batch) <= set(hopeless) for batch in stager.asked[:1])
+    assert not any(set(batch) & set(hopeless) for batch in stager.asked[1:])
+    # Asked again after 60 s, then after 120 s more; the third "try later" fails them.
+    for t in (30, 61, 100, 181):
+        run_cycle(now=now + t * SECOND, stager=stager)
+    assert sum(1 for batch in stager.asked if "/hopeless/0" in batch) == 3
+    failed = RestoreRequest.objects.filter(user=alice)
+    assert set(failed.values_list("state", flat=True)) == {"failed"}
+    assert "could not be located after 3 attempts" in failed.get(path="/hopeless/0").last_error
+    assert "catalogue busy" in failed.get(path="/hopeless/0").last_error
+    assert "no answer" in failed.get(path="/silent/0").last_error
