@@ -71,6 +71,7 @@ class ControlAdmin(admin.ModelAdmin):
         ("Backpressure", {"fields": ["stall_after_s", "failure_ratio", "disk_threshold", "quarantine_failures",
                                      "quarantine_window_s"]}),
         ("Delivery", {"fields": ["deliveries_per_fs"]}),
+        ("Jobs that never finish", {"fields": ["job_deadline_floor_s", "job_deadline_factor"]}),
         ("Last cycle", {"fields": ["last_cycle_at", "last_cycle_error"]}),
     ]
     list_display = ["__str__", "sort_policy", "share_policy", "paused", "last_cycle_at", "last_cycle_error"]
@@ -221,9 +222,24 @@ class BulkAdmin(admin.ModelAdmin):
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ["id", "tape", "state", "chain", "files", "estimate_s", "jumps_queue", "after", "backend_id",
-                    "created_at", "sent_at", "progress_at"]
+                    "created_at", "sent_at", "progress_at", "overdue_at"]
     list_filter = ["state", "jumps_queue"]
     raw_id_fields = ["tape", "after"]
+    actions = ["give_up"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]  # the loop's rows: changed through the action only
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Give up on the selected jobs (unfinished files back to the queue)",
+                  permissions=["change"])
+    def give_up(self, request, queryset):
+        count, pairs = services.job_give_up(queryset=queryset, now=timezone.now(),
+                                            reason=f"its job was given up by operator {request.user}")
+        withdraw_on_commit(pairs)
+        self.message_user(request, f"{count} job(s) given up.", messages.SUCCESS)
 
 
 @admin.register(Transition)

@@ -14,6 +14,7 @@ from policies.selection import share_policy, sort_policy
 
 from . import db, health as h, plugins
 from .claiming import claim_jobs
+from .deadlines import end_overdue_jobs
 from .delivery import dispatch_deliveries
 from .failures import requeue_due_retries
 from .locating import locate_requests
@@ -23,7 +24,7 @@ from .plugins import PluginError
 from .progress import collect_progress, log_unexpected, requeue_orphans
 from .services import bulk_notify_complete
 from .stagers.base import StagerUnavailable
-from .withdrawals import expire_requests
+from .withdrawals import expire_requests, withdraw
 
 log = logging.getLogger("carousel.loop")
 
@@ -81,6 +82,8 @@ def _steps(*, now, stager, control, report):
 def _work(*, now, stager, control, state, report):
     """Locate, choose and send: only while the stager is healthy. A call that finds the
     stager unreachable ends the cycle's work and marks it down; the next cycle probes."""
+    # Jobs past their deadline free their drives' chains before this cycle plans more.
+    withdraw(stager, end_overdue_jobs(now=now, control=control))
     try:
         report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
         status = stager.status() or {}

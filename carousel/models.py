@@ -89,6 +89,7 @@ CONTROL_BOUNDS = {
     "stall_after_s": (1, 7 * DAY), "failure_ratio": (0, 1), "disk_threshold": (0.01, 1),
     "quarantine_failures": (1, 10_000), "quarantine_window_s": (1, 30 * DAY), "deliveries_per_fs": (1, 1000),
     "locate_batch": (1, 100_000), "locate_attempts": (1, 1000), "locate_backoff_s": (1, DAY),
+    "job_deadline_floor_s": (60, 30 * DAY), "job_deadline_factor": (1, 100),
 }
 
 
@@ -185,6 +186,13 @@ class Control(Singleton):
     locate_backoff_s = models.FloatField(
         "locate backoff (s)", validators=bounded("locate_backoff_s"), default=60.0,
         help_text="Such a file is asked about again after this long, doubled after each answer up to 64 times.")
+    job_deadline_floor_s = models.FloatField(
+        "job deadline at least (s)", validators=bounded("job_deadline_floor_s"), default=6 * 3600.0,
+        help_text="A job still at the stager this long after it was sent (or its estimate times the factor below, "
+                  "when longer) is asked about once more, then given up: its unfinished files go back to the queue "
+                  "and its drive's chain goes on.")
+    job_deadline_factor = models.FloatField("job deadline: times its estimate", validators=bounded("job_deadline_factor"),
+                                            default=4.0)
     paused = models.BooleanField("submission paused", default=False)
     last_cycle_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_cycle_error = models.TextField(blank=True, editable=False)
@@ -366,6 +374,8 @@ class Job(models.Model):
     jumps_queue = models.BooleanField(default=False)
     sent_at = models.DateTimeField(null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True)
+    overdue_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="When the loop found it past its deadline (given up a cycle later).")
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -144,6 +144,27 @@ def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCEL
     return count, withdraw
 
 
+def job_give_up(*, queryset, now, reason):
+    """Stop waiting for jobs at the stager (past their deadline, or an operator's word): their
+    unfinished files go back to the queue with the attempt counted (failed once attempts run
+    out), each job fails, and the job planned after it on its drive's chain may go. Returns
+    (jobs, withdrawals): the (job, path) pairs to take back from the stager."""
+    from .models import Job, JobState
+
+    control = Control.get()
+    with transaction.atomic():
+        jobs = list(queryset.filter(state__in=(JobState.PENDING, JobState.SENT)).select_for_update()
+                    .values_list("id", flat=True))
+        files = RestoreRequest.objects.filter(job_id__in=jobs, state__in=IN_FLIGHT_STATES)
+        withdraw = sorted(set(files.values_list("job_id", "path")))
+        request_transition(files.filter(attempts__lt=control.max_attempts), S.QUEUED, now=now,
+                           error_class=ErrorClass.TRANSIENT, last_error=reason)
+        request_transition(files, S.FAILED, now=now, error_class=ErrorClass.TRANSIENT,
+                           last_error=f"{reason} (gave up after {control.max_attempts} attempts)")
+        Job.objects.filter(id__in=jobs).update(state=JobState.FAILED, finished_at=now)
+    return len(jobs), withdraw
+
+
 def request_retry_now(*, queryset, now):
     """An operator's "retry now": failed or waiting requests go back to the queue, except where
     the same user already has another active request for the file."""

@@ -10,7 +10,7 @@ from django.db import IntegrityError, connections, transaction
 from django.test import Client
 
 from carousel.loop import run_cycle
-from carousel.models import Control, RestoreRequest, Tape
+from carousel.models import Control, Job, RestoreRequest, Tape
 from carousel.stagers.base import LocateError, StagerUnavailable
 from carousel.services import restore_submit
 from tests.conftest import client_for
@@ -60,6 +60,7 @@ class FlakyStager(ScriptedStager):
         self.down = False
         self.cancelled = []
         self.released = []
+        self.polls = 0
 
     def _check(self):
         if self.down:
@@ -75,6 +76,7 @@ class FlakyStager(ScriptedStager):
 
     def poll(self, jobs):
         self._check()
+        self.polls += 1
         return super().poll(jobs)
 
     def cancel(self, backend_id, paths):
@@ -215,3 +217,56 @@ def test_locates_back_off_give_up_with_a_reason_and_new_requests_do_not_wait(ali
     assert "could not be located after 3 attempts" in failed.get(path="/hopeless/0").last_error
     assert "catalogue busy" in failed.get(path="/hopeless/0").last_error
     assert "no answer" in failed.get(path="/silent/0").last_error
+
+
+def test_a_job_past_its_deadline_is_asked_once_more_then_given_up_and_frees_its_chain(alice, now):
+    control(files_per_job=2, jobs_in_flight=4, drives=1, job_deadline_floor_s=600, job_deadline_factor=1,
+            max_attempts=5)
+    restore_submit(user=alice, now=now, paths=["/stuck/a", "/stuck/b", "/next/c"])
+    stager = FlakyStager()
+    stager.answer = "staging"  # for ever
+    run_cycle(now=now, stager=stager)
+    assert len(stager.submitted) == 1  # one drive: the second tape's job waits behind the first
+    first = Job.objects.get(state="sent")
+    stuck = set(stager.submitted[0].paths)
+    for t in range(10, 600, 100):
+        run_cycle(now=now + t * SECOND, stager=stager)
+    assert len(stager.submitted) == 1 and Job.objects.get(id=first.id).state == "sent"
+    run_cycle(now=now + 700 * SECOND, stager=stager)  # past the deadline: polled once more
+    assert Job.objects.get(id=first.id).state == "sent" and Job.objects.get(id=first.id).overdue_at
+    polls = stager.polls
+    run_cycle(now=now + 710 * SECOND, stager=stager)
+    assert stager.polls > polls
+    assert Job.objects.get(id=first.id).state == "failed"
+    assert [p for _, paths in stager.cancelled for p in paths] == sorted(stuck)
+    # The chain goes on: the next tape's job is sent, and the stuck files are queued again with
+    # their first attempt counted (sent again, they are on their second).
+    assert set(stager.submitted[1].paths) == {"/next/c"} or any(
+        set(j.paths) == {"/next/c"} for j in stager.submitted[1:])
+    for req in RestoreRequest.objects.filter(path__in=stuck):
+        assert "past its deadline" in req.last_error
+        assert (req.state, req.attempts) in {("queued", 1), ("submitted", 2)}
+
+
+def test_an_operator_gives_up_a_job_from_the_admin_with_the_change_permission(alice, now):
+    from django.contrib.auth.models import Permission
+
+    from tests.conftest import make_user
+
+    restore_submit(user=alice, now=now, paths=["/op/a"])
+    stager = FlakyStager()
+    stager.answer = "staging"
+    run_cycle(now=now, stager=stager)
+    job = Job.objects.get()
+    url = "/admin/carousel/job/"
+    viewer, changer = make_user("viewer", staff=True), make_user("changer", staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    changer.user_permissions.add(*Permission.objects.filter(codename__in=["view_job", "change_job"]))
+    for user in (viewer, changer):
+        web = Client()
+        web.force_login(user)
+        web.post(url, {"action": "give_up", "_selected_action": [job.id]})
+        job.refresh_from_db()
+        assert job.state == ("sent" if user is viewer else "failed")
+    req = RestoreRequest.objects.get()
+    assert req.state == "queued" and req.attempts == 1 and "operator changer" in req.last_error
