@@ -14,13 +14,13 @@ log = logging.getLogger("carousel.loop")
 
 def end_overdue_jobs(*, now, control):
     """Mark the jobs past their deadline; give up those marked at an earlier cycle (polled once
-    more since). Returns the (job, path) pairs to withdraw from the stager."""
+    more since); their files are withdrawn through stager calls. Returns the jobs given up."""
     sent = Job.objects.filter(state=JobState.SENT)
     marked = list(sent.filter(overdue_at__lt=now).values_list("id", flat=True))
-    pairs = []
+    n = 0
     if marked:
-        n, pairs = job_give_up(queryset=Job.objects.filter(id__in=marked), now=now,
-                               reason="its job was still unfinished at the stager past its deadline")
+        n, _ = job_give_up(queryset=Job.objects.filter(id__in=marked), now=now,
+                           reason="its job was still unfinished at the stager past its deadline")
         log.warning("%d job(s) past their deadline given up: their unfinished files are back in the queue", n)
     due = [job_id for job_id, sent_at, estimate in sent.filter(overdue_at__isnull=True)
            .values_list("id", "sent_at", "estimate_s")
@@ -28,4 +28,4 @@ def end_overdue_jobs(*, now, control):
                                                                  control.job_deadline_factor * estimate))]
     if due:
         Job.objects.filter(id__in=due).update(overdue_at=now)
-    return pairs
+    return n

@@ -24,7 +24,7 @@ from .plugins import PluginError
 from .progress import collect_progress, log_unexpected, requeue_orphans
 from .services import bulk_notify_complete
 from .stagers.base import StagerUnavailable
-from .withdrawals import expire_requests, withdraw
+from .withdrawals import expire_requests, send_stager_calls
 
 log = logging.getLogger("carousel.loop")
 
@@ -41,6 +41,7 @@ class CycleReport:
     submitted: int = 0
     preempted: int = 0
     delivering: int = 0
+    stager_calls: int = 0  # withdrawals and releases the stager confirmed
     health: str = h.HEALTHY
     jobs_limit: int = 0
     error: str = ""
@@ -68,13 +69,15 @@ def run_cycle(*, now, stager=None):
 
 
 def _steps(*, now, stager, control, report):
-    report.expired = expire_requests(now=now, stager=stager)
+    report.expired = expire_requests(now=now)
     report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)
     seen = collect_progress(now=now, stager=stager, control=control, report=report)
     state = judge_stager(now=now, seen=seen, control=control)
     if state.state == h.HEALTHY:
         state = _work(now=now, stager=stager, control=control, state=state, report=report)
     report.health, report.jobs_limit = state.state, state.limit
+    # Withdrawals and releases recorded by cancels, expiries, give-ups and pins' ends.
+    report.stager_calls = send_stager_calls(now=now, stager=stager)
     report.delivering = dispatch_deliveries(now=now, control=control)
     bulk_notify_complete(now=now)
 
@@ -83,7 +86,7 @@ def _work(*, now, stager, control, state, report):
     """Locate, choose and send: only while the stager is healthy. A call that finds the
     stager unreachable ends the cycle's work and marks it down; the next cycle probes."""
     # Jobs past their deadline free their drives' chains before this cycle plans more.
-    withdraw(stager, end_overdue_jobs(now=now, control=control))
+    end_overdue_jobs(now=now, control=control)
     try:
         report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
         status = stager.status() or {}

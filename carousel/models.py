@@ -387,6 +387,31 @@ class Job(models.Model):
         return f"job {self.id}"
 
 
+class StagerCall(models.Model):
+    """A call the stager must receive: withdraw files from a job (a cancel, an expiry, a job
+    given up) or release staged copies (a pin's end). Written in the same transaction as the
+    change that needs it, sent by the loop (carousel/withdrawals.py) and kept until the stager
+    confirms, so a stager that is down or fails a call only delays it."""
+
+    class Kind(models.TextChoices):
+        CANCEL = "cancel"
+        RELEASE = "release"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    backend_id = models.CharField(max_length=128, help_text="The stager's id of the job that holds the files.")
+    paths = models.JSONField()
+    created_at = models.DateTimeField()
+    next_at = models.DateTimeField(help_text="Not sent before this (retries back off).")
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["next_at", "id"], name="stagercall_due")]
+
+    def __str__(self):
+        return f"{self.kind} {len(self.paths)} file(s) of {self.backend_id}"
+
+
 class RestoreRequest(models.Model):
     """One file for one user."""
 

@@ -2,6 +2,7 @@
 about the tape, nonsense in the control row, locates that never end, jobs that never finish,
 withdrawals and releases that must reach the stager."""
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -10,8 +11,9 @@ from django.db import IntegrityError, connections, transaction
 from django.test import Client
 
 from carousel.loop import run_cycle
-from carousel.models import Control, Job, RestoreRequest, Tape
+from carousel.models import Control, Job, RestoreRequest, StagerCall, Tape
 from carousel.stagers.base import LocateError, StagerUnavailable
+from carousel.stagers.immediate import ImmediateStager
 from carousel.services import restore_submit
 from tests.conftest import client_for
 from tests.test_backpressure import GB, Backend, control
@@ -61,8 +63,10 @@ class FlakyStager(ScriptedStager):
         self.cancelled = []
         self.released = []
         self.polls = 0
+        self.calls = 0
 
     def _check(self):
+        self.calls += 1
         if self.down:
             raise StagerUnavailable("connection refused")
 
@@ -270,3 +274,76 @@ def test_an_operator_gives_up_a_job_from_the_admin_with_the_change_permission(al
         assert job.state == ("sent" if user is viewer else "failed")
     req = RestoreRequest.objects.get()
     assert req.state == "queued" and req.attempts == 1 and "operator changer" in req.last_error
+
+
+def test_an_expiry_while_the_stager_is_down_is_withdrawn_once_it_is_back(alice, now):
+    restore_submit(user=alice, now=now, paths=["/exp/a"], deadline=now + 60 * SECOND)
+    stager = FlakyStager()
+    stager.answer = "staging"
+    run_cycle(now=now, stager=stager)
+    stager.down = True
+    run_cycle(now=now + 30 * SECOND, stager=stager)
+    calls_before = stager.calls
+    run_cycle(now=now + 70 * SECOND, stager=stager)
+    assert RestoreRequest.objects.get().state == "expired"
+    # While down, the cycle makes its one probe and no cancel call: the withdrawal waits, recorded.
+    assert stager.calls - calls_before == 1 and stager.cancelled == []
+    assert StagerCall.objects.get().paths == ["/exp/a"]
+    stager.down = False
+    run_cycle(now=now + 80 * SECOND, stager=stager)
+    assert [paths for _, paths in stager.cancelled] == [["/exp/a"]]
+    assert not StagerCall.objects.exists()
+
+
+def test_a_withdrawal_the_stager_fails_is_retried_until_it_confirms(transactional_db, alice, now, settings):
+    restore_submit(user=alice, now=now, paths=["/w/a", "/w/b"])
+    stager = FlakyStager()
+    stager.answer = "staging"
+    run_cycle(now=now, stager=stager)
+    refusals = []
+
+    def refuse(backend_id, paths):
+        refusals.append(paths)
+        raise RuntimeError("cancel script exited 1")
+
+    stager.cancel = refuse
+    settings.CAROUSEL_STAGERS = {**settings.CAROUSEL_STAGERS, "refusing": "tests.test_bad_days.RefusingStager"}
+    settings.CAROUSEL_STAGER = "refusing"
+    # The user's cancel through the API: the control queue's task tries at once and fails.
+    response = client_for(alice).post("/api/v1/requests/cancel/", {"ids": list(
+        RestoreRequest.objects.values_list("id", flat=True))}, format="json")
+    assert response.json() == {"cancelled": 2}
+    call = StagerCall.objects.get()
+    assert call.attempts == 1 and "cancel script exited 1" in call.last_error
+    # The cycle tries again once the backoff has passed, and stops once the stager confirms.
+    later = call.next_at
+    run_cycle(now=later - SECOND, stager=stager)
+    assert len(refusals) == 0 and StagerCall.objects.get().attempts == 1
+    run_cycle(now=later, stager=stager)
+    assert len(refusals) == 1 and StagerCall.objects.get().attempts == 2
+    del stager.cancel
+    run_cycle(now=StagerCall.objects.get().next_at, stager=stager)
+    assert [sorted(paths) for _, paths in stager.cancelled] == [["/w/a", "/w/b"]]
+    assert not StagerCall.objects.exists()
+
+
+class RefusingStager(ImmediateStager):
+    def cancel(self, backend_id, paths):
+        raise RuntimeError("cancel script exited 1")
+
+
+def test_stager_calls_are_bounded_per_cycle_and_a_slow_stager_does_not_hold_the_cycle(alice, now):
+    from carousel.withdrawals import send_stager_calls
+
+    StagerCall.objects.bulk_create([StagerCall(kind="cancel", backend_id=f"b{i}", paths=[f"/s/{i}"], created_at=now,
+                                               next_at=now) for i in range(5)])
+    stager = FlakyStager()
+    assert send_stager_calls(now=now, stager=stager, limit=2) == 2
+    assert StagerCall.objects.count() == 3
+    release = threading.Event()
+    stager.cancel = lambda backend_id, paths: release.wait(10)  # hangs
+    started = time.monotonic()
+    assert send_stager_calls(now=now, stager=stager, limit=2, budget_s=0.2) == 0
+    assert time.monotonic() - started < 5
+    release.set()
+    assert StagerCall.objects.count() == 3  # kept, sent again once their lease ends
