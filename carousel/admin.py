@@ -64,13 +64,14 @@ class ControlAdmin(admin.ModelAdmin):
         ("Policies", {"fields": ["sort_policy", "share_policy", "policy_params", "max_wait_s"]}),
         ("Worth mounting", {"fields": ["mount_min_files", "mount_min_bytes", "mount_max_wait_s"]}),
         ("Batches", {"fields": ["files_per_job", "jobs_in_flight", "choose_per_cycle", "cycle_s", "locate_batch",
-                                "paused"]}),
+                                "locate_attempts", "locate_backoff_s", "paused"]}),
         ("Mount plan", {"fields": ["drives", "short_mount_s", "preempt_after_s", "preempt_gap_s"]}),
         ("Default caps", {"fields": ["default_user_cap", "default_group_cap", "default_queued_ceiling"]}),
         ("Retries", {"fields": ["retry_cycle_s", "max_attempts", "max_delivery_attempts"]}),
         ("Backpressure", {"fields": ["stall_after_s", "failure_ratio", "disk_threshold", "quarantine_failures",
                                      "quarantine_window_s"]}),
         ("Delivery", {"fields": ["deliveries_per_fs"]}),
+        ("Jobs that never finish", {"fields": ["job_deadline_floor_s", "job_deadline_factor"]}),
         ("Last cycle", {"fields": ["last_cycle_at", "last_cycle_error"]}),
     ]
     list_display = ["__str__", "sort_policy", "share_policy", "paused", "last_cycle_at", "last_cycle_error"]
@@ -221,9 +222,24 @@ class BulkAdmin(admin.ModelAdmin):
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ["id", "tape", "state", "chain", "files", "estimate_s", "jumps_queue", "after", "backend_id",
-                    "created_at", "sent_at", "progress_at"]
+                    "created_at", "sent_at", "progress_at", "overdue_at"]
     list_filter = ["state", "jumps_queue"]
     raw_id_fields = ["tape", "after"]
+    actions = ["give_up"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]  # the loop's rows: changed through the action only
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Give up on the selected jobs (unfinished files back to the queue)",
+                  permissions=["change"])
+    def give_up(self, request, queryset):
+        count, pairs = services.job_give_up(queryset=queryset, now=timezone.now(),
+                                            reason=f"its job was given up by operator {request.user}")
+        withdraw_on_commit(pairs)
+        self.message_user(request, f"{count} job(s) given up.", messages.SUCCESS)
 
 
 @admin.register(Transition)

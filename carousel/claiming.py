@@ -3,15 +3,16 @@ jobs (laid out on the drives' chains by mounts.MountPlanner when the drive count
 from collections import Counter
 
 from django.db import transaction
-from django.db.models import Case, Exists, OuterRef, PositiveIntegerField, UUIDField, Value, When
+from django.db.models import Case, Exists, OuterRef, PositiveIntegerField, Sum, UUIDField, Value, When
 
-from policies.selection import select
+from policies.selection import EXCHANGE_S, select
 from policies.sorting import in_read_order
 
-from .models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest
+from .models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
 from .mounts import Planned
 from .services import request_transition
 from .stagers.base import JobSpec
+from .tape import MEDIA, mount_profile
 
 
 def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, drives=None):
@@ -24,7 +25,13 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     out on the drives' chains (carousel/plan.py)."""
     jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
-    slots = min(control.files_per_job * jobs_limit - in_flight, control.choose_per_cycle)
+    window = control.files_per_job * jobs_limit - in_flight
+    slots = min(window, control.choose_per_cycle)
+    if window > slots and _ready_backlog() <= window:
+        # The whole ready backlog fits in the window: choose it all now, so the plan sees all
+        # of it and cuts its last tapes across the drives (plan.py), instead of committing
+        # whole tapes one cycle's choice at a time. Still bounded by N x K.
+        slots = window
     selection = select(now=now, control=control, sort=sort, share=share, slots=slots)
     if byte_budget is not None:
         selection.chosen = _within(selection.chosen, byte_budget)
@@ -43,6 +50,11 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
         return _make_jobs(chosen, claimed, selection.tapes, now=now, control=control, drives=drives)
 
 
+def _ready_backlog():
+    """Ready requests of all users, from the trigger-kept counters (no scan of the queue)."""
+    return UserBacklog.objects.aggregate(n=Sum("files"))["n"] or 0
+
+
 def _within(chosen, byte_budget):
     """The first chosen requests, in sending order, whose sizes fit in the budget."""
     kept, used = [], 0
@@ -52,6 +64,15 @@ def _within(chosen, byte_budget):
             break
         kept.append(c)
     return kept
+
+
+def _estimate(media, files):
+    """A job's estimated drive time, without a plan too: the selection's turns charge it
+    (policies/selection.py). 0 for a technology the model does not know."""
+    if media not in MEDIA:
+        return 0.0
+    pre, _ = mount_profile(media, [(f[2], f[3]) for f in files], exchange_s=EXCHANGE_S)
+    return pre[-1]
 
 
 def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
@@ -72,7 +93,8 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     if drives is not None:
         pieces = drives.lay_out(ordered, tapes, users, control=control)
     else:
-        pieces = [Planned(tape_id, files) for tape_id, files in ordered.items()]
+        pieces = [Planned(tape_id, files, estimate_s=_estimate(tapes[tape_id].media, files))
+                  for tape_id, files in ordered.items()]
     files_per_job = control.files_per_job
     jobs, job_of_key, rank_of_key = [], {}, {}
     for piece in pieces:
@@ -89,6 +111,14 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     if not jobs:
         return []
     Job.objects.bulk_create([job for job, _ in jobs])
+    taken_back = drives.taken_back if drives is not None else set()
+    if taken_back:  # planned again (MountPlanner.lay_out): their requests move to the new jobs
+        moved = RestoreRequest.objects.filter(job_id__in=list(taken_back), state__in=IN_FLIGHT_STATES)
+        moved.update(job_id=Case(*[When(path_key=k, then=Value(j)) for k, j in job_of_key.items()],
+                                 output_field=UUIDField()),
+                     job_rank=Case(*[When(path_key=k, then=Value(r)) for k, r in rank_of_key.items()],
+                                   output_field=PositiveIntegerField()))
+        Job.objects.filter(id__in=list(taken_back)).delete()
     for piece in pieces:
         if piece.jumps and piece.after is not None:
             # A short mount put before the long ones: the long ones that followed what it

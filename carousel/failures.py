@@ -1,6 +1,7 @@
 """Failures, retries and quarantine: what happens to a request the stager could not stage
 or a delivery could not copy."""
 import logging
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -22,6 +23,19 @@ class Failure:
 class FailureCount:
     retrying: int = 0
     failed: int = 0
+
+
+# Failures that name the file, not the cartridge: a path the tape system does not have, a file
+# withdrawn from a job (by someone at the tape system: the broker's own withdrawals are not
+# polled). Counting these would quarantine a good tape for a user's typos.
+NOT_ABOUT_THE_TAPE = re.compile(r"no such file|file not found|does not exist|enoent|withdrawn|cancell?ed",
+                                re.IGNORECASE)
+
+
+def says_about_tape(failure):
+    """Whether a failed file's status is evidence against its tape (counted for quarantine)."""
+    return (failure.error_class in (ErrorClass.TRANSIENT, ErrorClass.PERMANENT)
+            and not NOT_ABOUT_THE_TAPE.search(failure.message or ""))
 
 
 def requeue_due_retries(*, now):

@@ -1,14 +1,26 @@
-"""Locating: learn each new request's tape, position and size from the stager."""
-from django.db.models import Exists, OuterRef, Subquery
+"""Locating: learn each new request's tape, position and size from the stager.
 
-from .models import ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, path_key
+A "try later" answer (or none at all) is asked again after a backoff that doubles, and after
+`Control.locate_attempts` such answers the request fails with the reason. Each batch takes the
+requests due to be asked again (at most half of it while new ones wait) and new ones, oldest
+first: paths the stager never answers cannot keep new work from being located."""
+from datetime import timedelta
+
+from django.db.models import Exists, OuterRef, Q, Subquery
+
+from .models import Control, ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, path_key
 from .services import request_transition
 
+UNLOCATED = Q(state=S.QUEUED, tape__isnull=True)
 
-def locate_requests(*, now, stager, limit):
-    """Learn the tape, position and size of queued requests not located yet, oldest first."""
-    batch = list(RestoreRequest.objects.filter(state=S.QUEUED, tape__isnull=True)
-                 .order_by("created_at", "id").values_list("id", "path", "path_key")[:limit])
+
+def locate_requests(*, now, stager, limit, control=None):
+    """Learn the tape, position and size of queued requests not located yet."""
+    again = list(RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=False, locate_after__lte=now)
+                 .order_by("locate_after").values_list("id", "path", "path_key")[:limit])
+    new = list(RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=True)
+               .order_by("created_at", "id").values_list("id", "path", "path_key")[:limit - min(len(again), limit // 2)])
+    batch = again[:limit - len(new)] + new
     if not batch:
         return 0
     keys = {k for _, _, k in batch}
@@ -17,14 +29,19 @@ def locate_requests(*, now, stager, limit):
     if unknown:
         answers = stager.locate(unknown)
         found = [a for a in answers if hasattr(a, "tape")]
-        missing = [a for a in answers if not hasattr(a, "tape")]
         _record_locations(found, now=now)
-        for err in missing:
-            if err.error_class == ErrorClass.TRANSIENT:
-                continue  # the backend cannot tell now: asked again at a later cycle
-            request_transition(RestoreRequest.objects.filter(path_key=path_key(err.path), state=S.QUEUED), S.FAILED,
-                               now=now,
-                               error_class=err.error_class, last_error=err.message)
+        unsure = {p: "the stager gave no answer for this path" for p in unknown}
+        for a in answers:
+            unsure.pop(a.path, None)
+            if hasattr(a, "tape"):
+                continue
+            if a.error_class == ErrorClass.TRANSIENT:
+                unsure[a.path] = a.message  # the backend cannot tell now
+                continue
+            request_transition(RestoreRequest.objects.filter(path_key=path_key(a.path), state=S.QUEUED), S.FAILED,
+                               now=now, error_class=a.error_class, last_error=a.message)
+        if unsure:
+            _ask_again_later(unsure, now=now, control=control)
     location = FileLocation.objects.filter(path_key=OuterRef("path_key"))
     return RestoreRequest.objects.filter(id__in=[i for i, _, _ in batch], state=S.QUEUED, tape__isnull=True).filter(
         Exists(location)).update(
@@ -32,6 +49,25 @@ def locate_requests(*, now, stager, limit):
         position=Subquery(location.values("position")[:1]),
         size=Subquery(location.values("size")[:1]),
     )
+
+
+def _ask_again_later(unsure, *, now, control):
+    """{path: the stager's message}: count the attempt; back off, or fail at the limit. One
+    statement per (attempt, message), not per request."""
+    control = control or Control.get()
+    rows = RestoreRequest.objects.filter(UNLOCATED, path_key__in=[path_key(p) for p in unsure])
+    groups = {}
+    for rid, path, attempts in rows.values_list("id", "path", "locate_attempts"):
+        groups.setdefault(((attempts or 0) + 1, unsure.get(path, "")), []).append(rid)
+    for (attempts, message), ids in groups.items():
+        these = RestoreRequest.objects.filter(id__in=ids)
+        if attempts >= control.locate_attempts:
+            request_transition(these, S.FAILED, now=now, locate_attempts=attempts, error_class=ErrorClass.TRANSIENT,
+                               last_error=f"could not be located after {attempts} attempts; "
+                                          f"the stager's last answer: {message}")
+        else:
+            delay = control.locate_backoff_s * 2 ** min(attempts - 1, 6)
+            these.update(locate_attempts=attempts, locate_after=now + timedelta(seconds=delay))
 
 
 def _record_locations(found, *, now):

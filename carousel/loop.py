@@ -14,16 +14,17 @@ from policies.selection import share_policy, sort_policy
 
 from . import db, health as h, plugins
 from .claiming import claim_jobs
+from .deadlines import end_overdue_jobs
 from .delivery import dispatch_deliveries
 from .failures import requeue_due_retries
 from .locating import locate_requests
 from .models import IN_FLIGHT_STATES, Control, RestoreRequest, StagerHealth
 from .mounts import MountPlanner, preempt, send_jobs
 from .plugins import PluginError
-from .progress import collect_progress, log_unexpected
+from .progress import collect_progress, log_unexpected, requeue_orphans
 from .services import bulk_notify_complete
 from .stagers.base import StagerUnavailable
-from .withdrawals import expire_requests
+from .withdrawals import expire_requests, send_stager_calls
 
 log = logging.getLogger("carousel.loop")
 
@@ -40,37 +41,54 @@ class CycleReport:
     submitted: int = 0
     preempted: int = 0
     delivering: int = 0
+    stager_calls: int = 0  # withdrawals and releases the stager confirmed
     health: str = h.HEALTHY
     jobs_limit: int = 0
     error: str = ""
 
 
 def run_cycle(*, now, stager=None):
-    """Run one cycle unless another process is running one; then skip."""
+    """Run one cycle unless another process is running one; then skip. An exception that
+    escapes a step ends the cycle and is recorded on the control row, where the admin and
+    /api/v1/stager/ show it, until a cycle runs through."""
     with db.try_lock("carousel-cycle") as taken:
         if not taken:
             return CycleReport(skipped=True)
-        stager = stager or plugins.stager()
         control = Control.get()
         report = CycleReport()
-        report.expired = expire_requests(now=now, stager=stager)
-        report.requeued = requeue_due_retries(now=now)
-        seen = collect_progress(now=now, stager=stager, control=control, report=report)
-        state = judge_stager(now=now, seen=seen, control=control)
-        if state.state == h.HEALTHY:
-            state = _work(now=now, stager=stager, control=control, state=state, report=report)
-        report.health, report.jobs_limit = state.state, state.limit
-        report.delivering = dispatch_deliveries(now=now, control=control)
-        bulk_notify_complete(now=now)
+        try:
+            _steps(now=now, stager=stager or plugins.stager(), control=control, report=report)
+        except Exception as exc:  # noqa: BLE001 - a bug or a broken plugin: shown, and the next cycle tries
+            report.error = f"the cycle stopped: {type(exc).__name__}: {exc}"
+            if report.error == control.last_cycle_error:
+                log.error("%s (again)", report.error)  # the traceback was logged the first time
+            else:
+                log.exception(report.error)
         Control.objects.filter(id=control.id).update(last_cycle_at=now, last_cycle_error=report.error)
         return report
+
+
+def _steps(*, now, stager, control, report):
+    report.expired = expire_requests(now=now)
+    report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)
+    seen = collect_progress(now=now, stager=stager, control=control, report=report)
+    state = judge_stager(now=now, seen=seen, control=control)
+    if state.state == h.HEALTHY:
+        state = _work(now=now, stager=stager, control=control, state=state, report=report)
+    report.health, report.jobs_limit = state.state, state.limit
+    # Withdrawals and releases recorded by cancels, expiries, give-ups and pins' ends.
+    report.stager_calls = send_stager_calls(now=now, stager=stager)
+    report.delivering = dispatch_deliveries(now=now, control=control)
+    bulk_notify_complete(now=now)
 
 
 def _work(*, now, stager, control, state, report):
     """Locate, choose and send: only while the stager is healthy. A call that finds the
     stager unreachable ends the cycle's work and marks it down; the next cycle probes."""
+    # Jobs past their deadline free their drives' chains before this cycle plans more.
+    end_overdue_jobs(now=now, control=control)
     try:
-        report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch)
+        report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
         status = stager.status() or {}
         budget = disk_budget(status=status, control=control)
         sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)

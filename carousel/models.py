@@ -5,6 +5,8 @@ import uuid
 
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -72,68 +74,125 @@ class Singleton(models.Model):
         return obj
 
 
+DAY = 86400.0
+# The control row's sane ranges: {field: (lowest, highest)}, both included. The admin's
+# validators and the database's CHECK constraints are made from this one table, so neither a
+# form nor a raw UPDATE stores a value that stops all work (files_per_job = 0) or crashes each
+# cycle. Float bounds also keep NaN and infinity out (PostgreSQL sorts NaN above every number).
+CONTROL_BOUNDS = {
+    "files_per_job": (1, 100_000), "jobs_in_flight": (1, 100_000), "choose_per_cycle": (1, 1_000_000),
+    "drives": (0, 1000), "short_mount_s": (0, 7 * DAY), "preempt_after_s": (0, 7 * DAY),
+    "preempt_gap_s": (0, 7 * DAY), "cycle_s": (0.1, 3600), "default_user_cap": (1, 10**9),
+    "default_group_cap": (1, 10**9), "default_queued_ceiling": (0, 10**9), "max_wait_s": (0, 365 * DAY),
+    "mount_min_files": (1, 10**6), "mount_min_bytes": (0, 10**18), "mount_max_wait_s": (0, 365 * DAY),
+    "retry_cycle_s": (0, 7 * DAY), "max_attempts": (1, 100), "max_delivery_attempts": (1, 100),
+    "stall_after_s": (1, 7 * DAY), "failure_ratio": (0, 1), "disk_threshold": (0.01, 1),
+    "quarantine_failures": (1, 10_000), "quarantine_window_s": (1, 30 * DAY), "deliveries_per_fs": (1, 1000),
+    "locate_batch": (1, 100_000), "locate_attempts": (1, 1000), "locate_backoff_s": (1, DAY),
+    "job_deadline_floor_s": (60, 30 * DAY), "job_deadline_factor": (1, 100),
+}
+
+
+def bounded(name):
+    low, high = CONTROL_BOUNDS[name]
+    return [MinValueValidator(low), MaxValueValidator(high)]
+
+
+def validate_policy_params(value):
+    """The policies' parameters: an object; the ones the shipped policies read, in range."""
+    if not isinstance(value, dict):
+        raise ValidationError("policy parameters must be a JSON object, e.g. {\"slider_age_weight\": 0.5}")
+    weight = value.get("slider_age_weight", 0.5)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight <= 1:
+        raise ValidationError(f"slider_age_weight must be a number from 0 to 1, not {weight!r}")
+
+
 class Control(Singleton):
     """The one row operators edit to steer the loop; read at every cycle, so a change applies
     at the next one without a restart."""
 
     sort_policy = models.CharField(max_length=64, default="TAPEID")
     share_policy = models.CharField(max_length=64, default="GRPW")
-    policy_params = models.JSONField(default=dict, blank=True)
-    files_per_job = models.PositiveIntegerField("files per job (N)", default=100)
+    policy_params = models.JSONField(default=dict, blank=True, validators=[validate_policy_params])
+    files_per_job = models.PositiveIntegerField("files per job (N)", validators=bounded("files_per_job"), default=100)
     jobs_in_flight = models.PositiveIntegerField(
-        "jobs in flight (K)", default=50,
+        "jobs in flight (K)", validators=bounded("jobs_in_flight"), default=50,
         help_text="N × K requests at most are planned or at the stager; the rest wait here, where the policies "
                   "can still reorder them.")
     choose_per_cycle = models.PositiveIntegerField(
-        "requests chosen per cycle", default=750,
+        "requests chosen per cycle", validators=bounded("choose_per_cycle"), default=750,
         help_text="Bounds one cycle's work; a window emptied at once refills over a few cycles.")
     drives = models.PositiveSmallIntegerField(
-        "drives to plan for", default=0,
+        "drives to plan for", validators=bounded("drives"), default=0,
         help_text="0: as many as the stager reports. With a count, each drive gets a chain of mounts, the next "
                   "sent when the previous is done; a stager that reports none and no count here: no plan, every "
                   "job goes out at once.")
     short_mount_s = models.FloatField(
-        "short mount (s)", default=900.0,
+        "short mount (s)", validators=bounded("short_mount_s"), default=900.0,
         help_text="A planned mount estimated shorter than this goes before the long ones of its drive.")
     preempt_after_s = models.FloatField(
-        "preempt after (s)", default=120.0,
+        "preempt after (s)", validators=bounded("preempt_after_s"), default=120.0,
         help_text="A short mount waiting this long behind a long one cuts it: the long one's unread files go back "
                   "to the queue. 0: never.")
-    preempt_gap_s = models.FloatField("at most one preemption per (s)", default=300.0)
-    cycle_s = models.FloatField("cycle period (s)", default=10.0)
-    default_user_cap = models.PositiveIntegerField("default requests in flight per user", default=2500)
-    default_group_cap = models.PositiveIntegerField("default requests in flight per group", default=5000)
-    default_queued_ceiling = models.PositiveIntegerField("default queued requests per user", default=500_000)
-    max_wait_s = models.FloatField("maximum wait (s)", default=4 * 3600.0,
+    preempt_gap_s = models.FloatField("at most one preemption per (s)", validators=bounded("preempt_gap_s"),
+                                      default=300.0)
+    cycle_s = models.FloatField("cycle period (s)", validators=bounded("cycle_s"), default=10.0)
+    default_user_cap = models.PositiveIntegerField(
+        "default requests in flight per user", validators=bounded("default_user_cap"), default=2500)
+    default_group_cap = models.PositiveIntegerField(
+        "default requests in flight per group", validators=bounded("default_group_cap"), default=5000)
+    default_queued_ceiling = models.PositiveIntegerField(
+        "default queued requests per user", validators=bounded("default_queued_ceiling"), default=500_000)
+    max_wait_s = models.FloatField("maximum wait (s)", validators=bounded("max_wait_s"), default=4 * 3600.0,
                                    help_text="A request queued this long goes first, whatever its tape or policy.")
-    mount_min_files = models.PositiveIntegerField("worth mounting: files (M)", default=1,
+    mount_min_files = models.PositiveIntegerField("worth mounting: files (M)", validators=bounded("mount_min_files"),
+                                                  default=1,
                                                   help_text="A tape goes out once it has this many files queued ...")
-    mount_min_bytes = models.BigIntegerField("worth mounting: bytes (B)", default=0,
+    mount_min_bytes = models.BigIntegerField("worth mounting: bytes (B)", validators=bounded("mount_min_bytes"),
+                                             default=0,
                                              help_text="... or this many bytes ...")
-    mount_max_wait_s = models.FloatField("worth mounting: wait (T, s)", default=0.0,
+    mount_max_wait_s = models.FloatField("worth mounting: wait (T, s)", validators=bounded("mount_max_wait_s"),
+                                         default=0.0,
                                          help_text="... or its oldest request has waited this long.")
-    retry_cycle_s = models.FloatField("retry cycle (s)", default=600.0,
+    retry_cycle_s = models.FloatField("retry cycle (s)", validators=bounded("retry_cycle_s"), default=600.0,
                                       help_text="Transient failures wait this long, then retry together.")
-    max_attempts = models.PositiveSmallIntegerField("attempts before failing", default=5,
+    max_attempts = models.PositiveSmallIntegerField("attempts before failing", validators=bounded("max_attempts"),
+                                                    default=5,
                                                     help_text="Transient failures (stager, drive) per request.")
-    max_delivery_attempts = models.PositiveSmallIntegerField("delivery attempts before failing", default=3)
-    stall_after_s = models.FloatField("stalled after (s)", default=1800.0,
+    max_delivery_attempts = models.PositiveSmallIntegerField(
+        "delivery attempts before failing", validators=bounded("max_delivery_attempts"), default=3)
+    stall_after_s = models.FloatField("stalled after (s)", validators=bounded("stall_after_s"), default=1800.0,
                                       help_text="Jobs in flight with no progress for this long: the stager is "
                                                 "stalled, submission stops until progress returns.")
-    failure_ratio = models.FloatField("halve on failure ratio", default=0.5,
+    failure_ratio = models.FloatField("halve on failure ratio", validators=bounded("failure_ratio"), default=0.5,
                                       help_text="When more than this fraction of a cycle's results are failures, "
                                                 "the jobs in flight are halved.")
-    disk_threshold = models.FloatField("disk buffer threshold", default=0.9,
+    disk_threshold = models.FloatField("disk buffer threshold", validators=bounded("disk_threshold"), default=0.9,
                                        help_text="New jobs go out only while the stager's disk buffer, with what "
                                                  "is already on its way, stays below this fraction.")
     quarantine_failures = models.PositiveSmallIntegerField(
-        "quarantine after failures", default=3,
+        "quarantine after failures", validators=bounded("quarantine_failures"), default=3,
         help_text="Failures on one tape within the quarantine window that quarantine it.")
-    quarantine_window_s = models.FloatField("quarantine window (s)", default=3600.0)
+    quarantine_window_s = models.FloatField("quarantine window (s)", validators=bounded("quarantine_window_s"),
+                                            default=3600.0)
     deliveries_per_fs = models.PositiveSmallIntegerField(
-        "deliveries per file system", default=4,
+        "deliveries per file system", validators=bounded("deliveries_per_fs"), default=4,
         help_text="Copies to one destination file system at once, so restores don't overload it.")
-    locate_batch = models.PositiveIntegerField("paths located per cycle", default=5000)
+    locate_batch = models.PositiveIntegerField("paths located per cycle", validators=bounded("locate_batch"),
+                                               default=5000)
+    locate_attempts = models.PositiveSmallIntegerField(
+        "locate attempts", validators=bounded("locate_attempts"), default=20,
+        help_text="A file the stager cannot place on a tape (\"try later\", or no answer) this many times fails.")
+    locate_backoff_s = models.FloatField(
+        "locate backoff (s)", validators=bounded("locate_backoff_s"), default=60.0,
+        help_text="Such a file is asked about again after this long, doubled after each answer up to 64 times.")
+    job_deadline_floor_s = models.FloatField(
+        "job deadline at least (s)", validators=bounded("job_deadline_floor_s"), default=6 * 3600.0,
+        help_text="A job still at the stager this long after it was sent (or its estimate times the factor below, "
+                  "when longer) is asked about once more, then given up: its unfinished files go back to the queue "
+                  "and its drive's chain goes on.")
+    job_deadline_factor = models.FloatField("job deadline: times its estimate", validators=bounded("job_deadline_factor"),
+                                            default=4.0)
     paused = models.BooleanField("submission paused", default=False)
     last_cycle_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_cycle_error = models.TextField(blank=True, editable=False)
@@ -141,7 +200,9 @@ class Control(Singleton):
     class Meta:
         verbose_name = "control"
         verbose_name_plural = "control"
-        constraints = [models.CheckConstraint(condition=Q(id=1), name="control_is_singleton")]
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="control_is_singleton"), *[
+            models.CheckConstraint(condition=Q(**{f"{name}__gte": low, f"{name}__lte": high}),
+                                   name=f"control_{name}_in_range") for name, (low, high) in CONTROL_BOUNDS.items()]]
 
     def __str__(self):
         return "Carousel control"
@@ -313,6 +374,8 @@ class Job(models.Model):
     jumps_queue = models.BooleanField(default=False)
     sent_at = models.DateTimeField(null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True)
+    overdue_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="When the loop found it past its deadline (given up a cycle later).")
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -322,6 +385,31 @@ class Job(models.Model):
 
     def __str__(self):
         return f"job {self.id}"
+
+
+class StagerCall(models.Model):
+    """A call the stager must receive: withdraw files from a job (a cancel, an expiry, a job
+    given up) or release staged copies (a pin's end). Written in the same transaction as the
+    change that needs it, sent by the loop (carousel/withdrawals.py) and kept until the stager
+    confirms, so a stager that is down or fails a call only delays it."""
+
+    class Kind(models.TextChoices):
+        CANCEL = "cancel"
+        RELEASE = "release"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    backend_id = models.CharField(max_length=128, help_text="The stager's id of the job that holds the files.")
+    paths = models.JSONField()
+    created_at = models.DateTimeField()
+    next_at = models.DateTimeField(help_text="Not sent before this (retries back off).")
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["next_at", "id"], name="stagercall_due")]
+
+    def __str__(self):
+        return f"{self.kind} {len(self.paths)} file(s) of {self.backend_id}"
 
 
 class RestoreRequest(models.Model):
@@ -364,6 +452,10 @@ class RestoreRequest(models.Model):
                                    help_text="The destination's file system.")
     delivery_started_at = models.DateTimeField(null=True, blank=True)
     delivery_attempts = models.PositiveSmallIntegerField(db_default=0)
+    # Locates answered "try later" (or not answered), and when to ask again; empty until then
+    # (nullable: added to a large table without rewriting it).
+    locate_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
+    locate_after = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -396,6 +488,11 @@ class RestoreRequest(models.Model):
                          condition=Q(state=S.DELIVERING)),
             models.Index(fields=["created_at"], name="request_unlocated",
                          condition=Q(state=S.QUEUED, tape__isnull=True)),
+            # The locate step's two queues: new requests, oldest first; those asked before, by due time.
+            models.Index(fields=["created_at", "id"], name="request_locate_new",
+                         condition=Q(state=S.QUEUED, tape__isnull=True, locate_attempts__isnull=True)),
+            models.Index(fields=["locate_after"], name="request_locate_again",
+                         condition=Q(state=S.QUEUED, tape__isnull=True, locate_attempts__isnull=False)),
             # The scheduler's reads, each bounded by what it takes (policies/selection.py).
             models.Index(fields=["user"], name="request_in_flight", condition=Q(state__in=IN_FLIGHT_STATES)),
             models.Index(fields=["user", "created_at", "id"], name="request_ready_user_age", condition=READY),

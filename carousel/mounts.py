@@ -3,15 +3,20 @@ from what is planned or in flight; short mounts first and preemption of a long o
 each job once the one before it on its chain is finished."""
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db.models import Count, F, Q
+from django.db import transaction
+from django.db.models import Count, F, Q, Value
+from django.db.models.functions import Greatest
+
+from policies.order import read_order
+from policies.sorting import TapeInfo
 
 from . import plan
 from .failures import Failure, fail_requests
 from .models import (
-    IN_FLIGHT_STATES, READY, Control, ErrorClass, Job, JobState, RequestState as S, RestoreRequest, StagerHealth,
+    IN_FLIGHT_STATES, READY, Control, ErrorClass, Job, JobState, RequestState as S, RestoreRequest, StagerHealth, Tape,
 )
 from .progress import files_in_flight, job_spec
 from .services import request_transition
@@ -44,6 +49,7 @@ class MountPlanner:
     drives: dict
     read_rate_mb_s: float | None = None
     exchange_s: float = 11.0
+    taken_back: set = field(default_factory=set)  # jobs whose work this cycle plans again
 
     @classmethod
     def from_status(cls, status, control):
@@ -62,7 +68,17 @@ class MountPlanner:
 
     def lay_out(self, ordered, tapes, users, *, control):
         """[Planned] for {tape id: [(path, key, position, size)] in read order}; `users`: tape
-        id -> Counter of the users whose requests these are."""
+        id -> Counter of the users whose requests these are. When this is the last of the
+        backlog, the long mounts planned earlier and not sent yet are planned again with it
+        (their jobs are listed in `self.taken_back`; claiming moves their requests to the new
+        jobs and deletes them), so the plan's tail covers all the work not yet at the stager,
+        not only this cycle's."""
+        # Cut tapes across drives only for the last of the backlog: while more waits, whole
+        # tapes keep every drive busy with one mount each.
+        # (This cycle's claims are still queued until its jobs are made.)
+        keys = [f[1] for files in ordered.values() for f in files]
+        split = not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists()
+        replanned = self._take_back(ordered, tapes) if split else set()
         chains = self._chains()
         # Short mounts of users with little in flight go first: one analyst's file does not wait
         # behind hours of someone's backlog. (A short remnant of a big backlog does not jump.)
@@ -72,7 +88,8 @@ class MountPlanner:
                          .order_by().values_list("user_id").annotate(n=Count("id")).values_list("user_id", "n")))
         busy = {user for user, n in load.items() if n >= control.files_per_job}
         pending_tape = {tape: rest for tape, *rest in Job.objects.filter(
-            state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").order_by("created_at", "rank")
+            state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").exclude(id__in=self.taken_back)
+            .order_by("created_at", "rank")
             .values_list("tape_id", "chain", "after_id", "jumps_queue")}
         pieces, work = [], {}
         for tape_id, files in ordered.items():
@@ -86,16 +103,12 @@ class MountPlanner:
             if tape_id in pending_tape:  # joins the tape's planned mount: sent with it
                 chain, after, jumps = pending_tape[tape_id]
                 pieces.append(Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps))
-            elif pre[-1] <= control.short_mount_s and not set(users[tape_id]) & busy:
+            elif (tape_id not in replanned and pre[-1] <= control.short_mount_s
+                  and not set(users.get(tape_id, ())) & busy):
                 pieces.append(self._short(tape_id, files, pre[-1], chains, group, control))
             else:
                 work.setdefault(group, []).append(plan.TapeWork(tape_id, tuple(range(len(files))), tuple(pre),
                                                                 tuple(suf)))
-        # Cut tapes across drives only for the last of the backlog: while more waits, whole
-        # tapes keep every drive busy with one mount each.
-        # (This cycle's claims are still queued until its jobs are made.)
-        keys = [f[1] for files in ordered.values() for f in files]
-        split = not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists()
         for group, tape_work in work.items():
             ends = {name: c.end_s for name, c in chains.items() if name.startswith(f"{group}/")}
             layout, _ = plan.plan(ends, tape_work, split=split)
@@ -131,10 +144,48 @@ class MountPlanner:
         chain.front = planned
         return planned
 
+    def _take_back(self, ordered, tapes):
+        """Take the planned long mounts not sent yet back into this cycle's work: the pending,
+        not-short jobs of tapes none of whose work is at the stager or waiting as a short mount
+        (a cut tape whose other piece is on a drive stays as planned: its pieces must not
+        overlap). Their files join `ordered` (merged in read order with this cycle's new files
+        of the same tape); jobs that followed them now follow what they followed. Returns the
+        tapes taken back; `self.taken_back` holds their jobs. Bounded by the window, N x K."""
+        open_jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
+                         .values_list("id", "tape_id", "state", "after_id", "jumps_queue"))
+        kept_tapes = {tape for _, tape, state, _, jumps in open_jobs if state == JobState.SENT or jumps}
+        back = {job for job, tape, state, _, jumps in open_jobs if tape not in kept_tapes}
+        self.taken_back = back
+        if not back:
+            return set()
+        after_of = {job: after for job, _, _, after, _ in open_jobs}
+        for job, _, _, after, _ in open_jobs:
+            if job not in back and after in back:
+                while after in back:
+                    after = after_of.get(after)
+                Job.objects.filter(id=job).update(after_id=after)
+        rows = (RestoreRequest.objects.filter(job_id__in=back, state__in=IN_FLIGHT_STATES)
+                .order_by("job__created_at", "job__rank", "job_rank").values_list("tape_id", "path", "path_key",
+                                                                                   "position", "size"))
+        taken = {}
+        for tape_id, path, key, position, size in rows:
+            taken.setdefault(tape_id, {}).setdefault(key, (path, key, position or 0, size or 0))
+        media_of = dict(Tape.objects.filter(id__in=list(taken)).values_list("id", "media"))
+        for tape_id, files in taken.items():
+            merged = {f[1]: f for f in ordered.get(tape_id, [])}
+            merged.update((k, f) for k, f in files.items() if k not in merged)
+            media = media_of.get(tape_id)
+            if tape_id not in tapes:
+                tapes[tape_id] = TapeInfo(id=tape_id, media=media or None, files=0, bytes=0, oldest_age_s=0.0)
+            ordered[tape_id] = [merged[k] for k in read_order(media, [(k, f[2], f[3]) for k, f in merged.items()])]
+        return set(taken)
+
     def _chains(self):
-        """{chain name: _Chain} for every drive, from the unfinished jobs on the chains."""
+        """{chain name: _Chain} for every drive, from the unfinished jobs on the chains (less
+        those taken back to be planned again)."""
         chains = {f"{media}/{i}": _Chain() for media, n in self.drives.items() for i in range(n)}
         jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
+                    .exclude(id__in=self.taken_back)
                     .order_by("created_at", "rank").values_list("id", "chain", "state", "after_id", "estimate_s",
                                                                 "files", "jumps_queue"))
         sent = [j[0] for j in jobs if j[2] == JobState.SENT]
@@ -237,12 +288,16 @@ def preempt(*, now, stager, control):
     backend = {j.id: j.backend_id for j in piece}
     n = 0
     for job_id, paths in withdrawn.items():
-        stager.cancel(backend[job_id], paths)
-        # Back in the queue as soon as the stager let them go: were a later cancel to fail,
-        # these must not come back from the poll as failures.
-        n += request_transition(RestoreRequest.objects.filter(job_id=job_id, path__in=paths,
-                                                              state__in=IN_FLIGHT_STATES),
-                                S.QUEUED, now=now, attempts=F("attempts") - 1)
+        # Back in the queue together with the stager letting them go, one job at a time: the
+        # update waits in a transaction until cancel() returns, so a refused cancel leaves
+        # them in flight (the mount runs on) and a withdrawn file is never left in flight, where
+        # the poll would see it as failed. The cut gives back the attempt the job's submission
+        # counted; a request that joined another user's stage spent none, so none comes back.
+        with transaction.atomic():
+            n += request_transition(RestoreRequest.objects.filter(job_id=job_id, path__in=paths,
+                                                                  state__in=IN_FLIGHT_STATES),
+                                    S.QUEUED, now=now, attempts=Greatest(F("attempts") - 1, Value(0)))
+            stager.cancel(backend[job_id], paths)
         StagerHealth.objects.filter(id=1).update(preempted_at=now)
     log.info("the mount of tape %s cut after its current file for short job %s: %d requests back in the queue",
              waiting.after.tape_id, waiting.id, n)

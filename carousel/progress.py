@@ -6,7 +6,7 @@ from django.db import transaction
 from django.db.models import Case, Max, Value, When
 
 from . import health as h, plugins
-from .failures import count_tape_failures, fail_requests
+from .failures import count_tape_failures, fail_requests, says_about_tape
 from .models import (
     ACTIVE_STATES, IN_FLIGHT_STATES, ErrorClass, Job, JobState, RequestState as S, RestoreRequest, StagerHealth, Tape,
 )
@@ -14,6 +14,7 @@ from .services import request_transition
 from .stagers.base import JobSpec, StagerUnavailable
 
 log = logging.getLogger("carousel.loop")
+FINISHED_JOBS = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)  # as in mounts.py (b)
 
 
 def log_unexpected(exc, doing):
@@ -39,6 +40,18 @@ def job_spec(job, files):
                    backend_id=job.backend_id)
 
 
+def requeue_orphans(*, now):
+    """Requests in flight in a job that has already finished go back to the queue. Submission
+    joins another user's job in flight without waiting for the loop; if the loop finishes that
+    job before the submission commits, nothing would ever poll the copy again. Rare, and
+    found here by one indexed query a cycle rather than a lock every submission would take."""
+    orphans = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES, job__state__in=FINISHED_JOBS)
+    n = request_transition(orphans, S.QUEUED, now=now)
+    if n:
+        log.info("%d requests joined a job as it finished: back in the queue", n)
+    return n
+
+
 def collect_progress(*, now, stager, control, report):
     """Poll the jobs in flight and move their requests on; return what was seen of the
     stager. While it is down, one job is polled as a probe: one call a cycle, however many
@@ -60,13 +73,18 @@ def collect_progress(*, now, stager, control, report):
         Job.objects.filter(id=job_id).update(state=JobState.DONE, finished_at=now)
         del jobs[job_id]
     specs = [job_spec(job, files[job_id]) for job_id, job in jobs.items()]
+    was_down = StagerHealth.get().state == h.DOWN
     try:
-        if specs and StagerHealth.get().state == h.DOWN:
+        if specs and was_down:
             stager.poll(specs[:1])
         answers = stager.poll(specs) if specs else {}
     except Exception as exc:  # noqa: BLE001 - whatever the backend raised, it did not answer
         log_unexpected(exc, "polling")
         return h.Observation(reachable=False, error=f"poll: {exc}")
+    if was_down:
+        # The first answer after an outage counts as progress: the jobs could not be seen
+        # moving while the stager was down, so the stall clock starts again from here.
+        Job.objects.filter(id__in=list(jobs)).update(progress_at=now)
     results = failures = 0
     tape_failures = {}
     # What moved, gathered over all jobs and written in one statement each: a path in flight
@@ -109,7 +127,7 @@ def collect_progress(*, now, stager, control, report):
                 results += 1
                 # Only the stager's own trouble throttles it; a user's missing files do not.
                 failures += st.error_class == ErrorClass.TRANSIENT
-                if job.tape_id and st.error_class in (ErrorClass.TRANSIENT, ErrorClass.PERMANENT):
+                if job.tape_id and says_about_tape(st):
                     tape_failures.setdefault(job.tape_id, []).append(st.message)
             Job.objects.filter(id__in=moved_jobs).update(progress_at=now)
             Job.objects.filter(id__in=ended_jobs).update(state=JobState.DONE, finished_at=now)

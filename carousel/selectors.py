@@ -82,6 +82,7 @@ def stager_health():
         "last_progress_at": row.last_progress_at,
         "disk_free_bytes": row.disk_free_bytes, "disk_total_bytes": row.disk_total_bytes,
         "paused": control.paused,
+        "last_cycle_at": control.last_cycle_at, "last_cycle_error": control.last_cycle_error,
         "retry_queue": RestoreRequest.objects.filter(state=RequestState.RETRY).count(),
         "quarantined_tapes": list(Tape.objects.filter(quarantined_at__isnull=False).order_by("label")
                                   .values("label", "quarantined_at", "quarantine_reason")[:100]),

@@ -10,7 +10,7 @@ from . import db
 from .exceptions import InvalidSubmission, QueueCeilingReached
 from .models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
-    ErrorClass, RequestState, RestoreRequest, path_key,
+    ErrorClass, RequestState, RestoreRequest, StagerCall, path_key,
 )
 from .paths import validate_paths
 
@@ -141,7 +141,46 @@ def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCEL
                 .values_list("job_id", "path_key")
             )
             withdraw = [(job, path) for job, key, path in in_flight if (job, key) not in still_wanted]
+        stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=withdraw, now=now)
     return count, withdraw
+
+
+def stager_call_record(*, kind, pairs, now):
+    """Record the stager calls for (job id, path) pairs, one per job: sent by the loop until the
+    stager confirms (carousel/withdrawals.py). Call it inside the transaction that makes the
+    change, so the change and its call are stored together or not at all. A job the stager never
+    acknowledged has nothing there to withdraw or release: skipped."""
+    from .models import Job
+
+    by_job = {}
+    for job, path in pairs:
+        by_job.setdefault(job, []).append(path)
+    backend_ids = dict(Job.objects.filter(id__in=list(by_job)).exclude(backend_id="").values_list("id", "backend_id"))
+    StagerCall.objects.bulk_create([
+        StagerCall(kind=kind, backend_id=backend_ids[job], paths=sorted(set(paths)), created_at=now, next_at=now)
+        for job, paths in by_job.items() if job in backend_ids])
+
+
+def job_give_up(*, queryset, now, reason):
+    """Stop waiting for jobs at the stager (past their deadline, or an operator's word): their
+    unfinished files go back to the queue with the attempt counted (failed once attempts run
+    out), each job fails, and the job planned after it on its drive's chain may go. Returns
+    (jobs, withdrawals): the (job, path) pairs to take back from the stager."""
+    from .models import Job, JobState
+
+    control = Control.get()
+    with transaction.atomic():
+        jobs = list(queryset.filter(state__in=(JobState.PENDING, JobState.SENT)).select_for_update()
+                    .values_list("id", flat=True))
+        files = RestoreRequest.objects.filter(job_id__in=jobs, state__in=IN_FLIGHT_STATES)
+        withdraw = sorted(set(files.values_list("job_id", "path")))
+        request_transition(files.filter(attempts__lt=control.max_attempts), S.QUEUED, now=now,
+                           error_class=ErrorClass.TRANSIENT, last_error=reason)
+        request_transition(files, S.FAILED, now=now, error_class=ErrorClass.TRANSIENT,
+                           last_error=f"{reason} (gave up after {control.max_attempts} attempts)")
+        Job.objects.filter(id__in=jobs).update(state=JobState.FAILED, finished_at=now)
+        stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=withdraw, now=now)
+    return len(jobs), withdraw
 
 
 def request_retry_now(*, queryset, now):
@@ -150,7 +189,8 @@ def request_retry_now(*, queryset, now):
     duplicate = RestoreRequest.objects.filter(user=OuterRef("user"), path_key=OuterRef("path_key"),
                                               state__in=ACTIVE_STATES).exclude(pk=OuterRef("pk"))
     eligible = queryset.filter(state__in=(S.FAILED, S.RETRY)).exclude(Exists(duplicate))
-    return request_transition(eligible, S.QUEUED, now=now, error_class=ErrorClass.NONE, last_error="")
+    return request_transition(eligible, S.QUEUED, now=now, error_class=ErrorClass.NONE, last_error="",
+                              locate_attempts=None, locate_after=None)
 
 
 def tape_lift_quarantine(*, queryset):

@@ -19,17 +19,18 @@ def cycle_tick():
 
 
 @shared_task(name="carousel.tasks.withdraw", ignore_result=True)
-def withdraw(pairs):
-    """Take cancelled files back from the stager (pairs of job id and path)."""
-    withdrawals.withdraw(plugins.stager(), [(job, path) for job, path in pairs])
+def withdraw(pairs=None):
+    """Send the recorded stager calls now rather than at the next cycle (a user's cancel). The
+    calls were stored with the cancel; what this does not confirm, the cycle sends later.
+    (`pairs`: ignored, accepted from messages queued by earlier versions.)"""
+    withdrawals.send_stager_calls(now=timezone.now(), stager=plugins.stager())
 
 
 def withdraw_on_commit(pairs):
-    """Once a cancel commits, have the worker take the files back from the stager: the
-    caller (an HTTP request, an admin action) does not wait on the stager."""
+    """Once a cancel that withdraws files commits, have the control queue send its stager calls:
+    the caller (an HTTP request, an admin action) does not wait on the stager."""
     if pairs:
-        payload = [(str(job), path) for job, path in pairs]
-        transaction.on_commit(lambda: withdraw.delay(payload))
+        transaction.on_commit(lambda: withdraw.delay())
 
 
 @shared_task(name="carousel.tasks.deliver", ignore_result=True)

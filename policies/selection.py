@@ -1,26 +1,28 @@
-"""The selection step of the server loop: how many requests each user may send this cycle
-(the sharing policy) and which ones (the sorting policy).
+"""The selection step of the server loop: whose tape is mounted next (the sharing policy's
+weights, in drive time) and which of each user's requests go (the sorting policy).
 
 Nothing here reads a whole queue. Who has work and how much comes from the trigger-kept
 counters (UserBacklog, TapeBacklog); the candidates come from per-user index scans bounded
 by each user's allotment. A cycle therefore costs about (users with work + slots) index
 probes, whatever the length of the queue."""
-from collections import defaultdict
+import heapq
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import timezone as dt_timezone
+from itertools import groupby
 
 from django.db.models import Count, Min, Sum
 
 from carousel import db
 from carousel.models import (
-    IN_FLIGHT_STATES, READY, Account, GroupShare, RestoreRequest, Tape, TapeBacklog, UserBacklog,
+    IN_FLIGHT_STATES, READY, Account, GroupShare, Job, RestoreRequest, Tape, TapeBacklog, UserBacklog,
 )
 from carousel.plugins import resolve
+from carousel.tape import MEDIA, mount_profile
 
 from .sharing import GroupLimit, UserDemand
 from .sorting import Candidate, Params, TapeInfo
 
-ROUNDS = 3
 _COLUMNS = "id, user_id, tape_id, position, size, priority, created_at"
 # Requests on a quarantined tape wait: no retries against a bad cartridge (few tapes are).
 _NOT_QUARANTINED = "tape_id NOT IN (SELECT id FROM carousel_tape WHERE quarantined_at IS NOT NULL)"
@@ -58,13 +60,24 @@ def params_from(control):
 class Selection:
     chosen: list = field(default_factory=list)  # Candidates, in sending order
     tapes: dict = field(default_factory=dict)  # tape id -> TapeInfo
-    allotments: dict = field(default_factory=dict)  # user id -> slots granted, summed over rounds
+    allotments: dict = field(default_factory=dict)  # user id -> files chosen
+    held_s: dict = field(default_factory=dict)  # user id -> drive time held after this cycle (estimated)
     rounds: int = 0
 
 
 def select(*, now, control, sort, share, slots):
-    """Choose up to `slots` ready requests. Unused share is offered again (up to ROUNDS times)
-    to the users who used all of theirs, so no slot stays empty while someone has work."""
+    """Choose up to `slots` ready requests, a mount at a time, in turns of drive time.
+
+    Each user's own queue comes from the sorting policy: up to min(pending, room, slots) of
+    their requests in their order, in runs of one tape (a run is one mount). Then, as in
+    start-time fair queueing, the next run goes to the user whose drive time held (the
+    estimated drive time of their work planned or on the drives, plus the runs given this
+    cycle) is the smallest for their weight (share.drive_weights); the run's estimated mount
+    time (carousel.tape.mount_profile) is charged to them. So the drives' time, not a cycle's
+    file slots, is shared, and tapes stay whole: when the run whose turn it is does not fit in
+    the slots left, the cycle stops there and the run goes whole at a later cycle (unless the
+    cycle has chosen nothing: a tape bigger than all the slots goes in part). Caps bound each
+    user and group as before; priorities and the maximum wait order each user's own queue."""
     result = Selection()
     if slots <= 0:
         return result
@@ -73,31 +86,91 @@ def select(*, now, control, sort, share, slots):
         return result
     limits = _limits(backlog, control)
     params = params_from(control)
-    taken = defaultdict(list)
-    exhausted = set()
+    demands, groups = _demands(backlog, limits)
+    # How far into each user's queue to look: twice the file slots the sharing policy would
+    # grant them, and at least a job's worth (N files, so a whole tape of up to N files fits).
+    # This keeps the pools, and the cycle's cost, in proportion to the slots, not to the users'
+    # backlogs; the turns below then decide in drive time.
+    grants = share.allocate(demands, groups, slots)
+    wanted = {u: min(backlog[u], limits.user_room[u], slots, max(2 * n, control.files_per_job))
+              for u, n in grants.items() if n > 0}
+    wanted = {u: n for u, n in wanted.items() if n > 0}
+    if not wanted:
+        return result
+    result.rounds = 1
+    pools = _gather(wanted, defaultdict(list), sort, now, result.tapes)
+    queues = {}
+    for user, n in sorted(wanted.items()):
+        chosen = sort.choose(pools.get(user, []), result.tapes, n, params)
+        runs = [list(run) for _, run in groupby(chosen, key=lambda c: c.tape)]
+        if runs:
+            queues[user] = deque(runs)
+    weights = share.drive_weights([d for d in demands if d.user in queues], groups)
+    held = held_drive_time(queues)
+    group_room = {g: room for g, (_, room) in limits.group_limits.items()}
+    heap = [(_virtual(held[u], weights.get(u, 0.0)), u) for u in queues]
+    heapq.heapify(heap)
     remaining = slots
-    while remaining > 0 and result.rounds < ROUNDS:
-        result.rounds += 1
-        demands, groups = _demands(backlog, limits, taken, exhausted)
-        allotments = {u: n for u, n in share.allocate(demands, groups, remaining).items() if n > 0}
-        if not allotments:
-            break
-        pools = _gather(allotments, taken, sort, now, result.tapes)
-        got = 0
-        for user, allotment in sorted(allotments.items()):
-            seen = {c.id for c in taken[user]}
-            fresh = [c for c in pools.get(user, []) if c.id not in seen]
-            chosen = sort.choose(fresh, result.tapes, allotment, params)
-            taken[user].extend(chosen)
-            result.chosen.extend(chosen)
-            result.allotments[user] = result.allotments.get(user, 0) + allotment
-            got += len(chosen)
-            if len(chosen) < allotment:
-                exhausted.add(user)  # nothing more it can send this cycle
-        remaining -= got
-        if got == 0:
-            break
+    while heap and remaining > 0:
+        _, user = heapq.heappop(heap)
+        run = queues[user].popleft()
+        group = limits.group[user]
+        fit = min(remaining, group_room.get(group, remaining))
+        if len(run) > fit:
+            if result.chosen or fit <= 0:
+                if fit <= 0:
+                    continue  # this user's group is full: the others go on
+                break  # a whole tape waits for its turn at the next cycle
+            run = run[:fit]
+        result.chosen.extend(run)
+        result.allotments[user] = result.allotments.get(user, 0) + len(run)
+        remaining -= len(run)
+        if group in group_room:
+            group_room[group] -= len(run)
+        held[user] += run_seconds(run, result.tapes)
+        if queues[user]:
+            heapq.heappush(heap, (_virtual(held[user], weights.get(user, 0.0)), user))
+    result.held_s = held
     return result
+
+
+def _virtual(held_s, weight):
+    # A user of weight 0 comes after every weighted one, by their own drive time.
+    return (0, held_s / weight) if weight > 0 else (1, held_s)
+
+
+# A tape of a technology the model does not know is charged as if it were LTO-8 (the newest
+# technology in the shipped workloads): only the relative drive time of users' runs matters.
+FALLBACK_MEDIA = "LTO-8"
+
+
+def run_seconds(run, tapes):
+    """The estimated drive time of the mount reading `run` (one tape's candidates, in read
+    order): robot exchange, load, locates, reads, rewind and unload."""
+    media = tapes[run[0].tape].media
+    pre, _ = mount_profile(media if media in MEDIA else FALLBACK_MEDIA, [(c.position, c.size) for c in run],
+                           exchange_s=EXCHANGE_S)
+    return pre[-1]
+
+
+# The robot's cartridge move, fetch and put-back, as the simulated library's default (workloads/README.md).
+EXCHANGE_S = 11.0
+
+
+def held_drive_time(users):
+    """user id -> the estimated drive time of their requests planned or on the drives: each
+    job's estimate, shared by its in-flight requests (a sent job counts only what it has left,
+    a file two users asked for is charged to both). Aggregated in the database by (user, job)."""
+    held = dict.fromkeys(users, 0.0)
+    rows = list(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES, job__isnull=False, user_id__in=list(users))
+                .order_by().values_list("user_id", "job_id").annotate(n=Count("id")))
+    estimates = dict((j, (e, f)) for j, e, f in Job.objects.filter(id__in={j for _, j, _ in rows})
+                     .values_list("id", "estimate_s", "files"))
+    for user, job, n in rows:
+        estimate, files = estimates.get(job, (0.0, 0))
+        if files:
+            held[user] += estimate * min(1.0, n / files)
+    return held
 
 
 @dataclass
@@ -137,19 +210,10 @@ def _limits(backlog, control):
     return _Limits(group=group_of, user_room=user_room, group_limits=group_limits)
 
 
-def _demands(backlog, limits, taken, exhausted):
-    demands = []
-    group_taken = defaultdict(int)
-    for user, chosen in taken.items():
-        group_taken[limits.group[user]] += len(chosen)
-    for user, files in backlog.items():
-        if user in exhausted:
-            continue
-        n = len(taken[user])
-        demands.append(UserDemand(user=user, group=limits.group[user], pending=max(0, files - n),
-                                  room=max(0, limits.user_room[user] - n)))
-    groups = {g: GroupLimit(weight=w, room=max(0, room - group_taken[g]))
-              for g, (w, room) in limits.group_limits.items()}
+def _demands(backlog, limits):
+    demands = [UserDemand(user=user, group=limits.group[user], pending=files, room=limits.user_room[user])
+               for user, files in backlog.items()]
+    groups = {g: GroupLimit(weight=w, room=room) for g, (w, room) in limits.group_limits.items()}
     return demands, groups
 
 

@@ -1,6 +1,8 @@
-"""Sharing policies: how many of a cycle's free slots each user with pending work may fill.
-Pure: plain data in, plain data out. The selection step (policies/selection.py) builds the
-demands from the backlog counters and calls allocate() with the slots left.
+"""Sharing policies: each user's claim on the drives' time (drive_weights(), which decides whose
+tape is mounted next), and how many of a cycle's free slots each user with pending work may
+fill (allocate(), which bounds how far into each user's queue a cycle looks). Pure: plain data
+in, plain data out. The selection step (policies/selection.py) builds the demands from the
+backlog counters.
 
 Every policy water-fills: a user never gets more than min(pending, room), a group's users never
 more than the group's room, and what a capped user or group cannot take goes to the others, so
@@ -34,13 +36,32 @@ class GroupLimit:
 
 
 class SharePolicy:
-    """Base of sharing policies."""
+    """Base of sharing policies.
+
+    A share is a fraction of the drives' time. The selection step hands out whole tapes (one
+    mount each) in turn, to the user whose drive time held (planned or on the drives) is the
+    smallest for their weight (policies/selection.py); drive_weights() gives those weights. A
+    site's policy need only write allocate(): its weights are then the split allocate() makes
+    of a large number of slots between users who could each take them all."""
 
     name = ""
+    # Slots handed to allocate() to read a policy's proportions from it: large enough that
+    # rounding to whole slots moves no weight by more than a millionth.
+    WEIGHT_SLOTS = 10**6
 
     def allocate(self, demands: list[UserDemand], groups: dict[int, GroupLimit], slots: int) -> dict[int, int]:
         """user id -> slots granted this cycle (users granted 0 may be omitted)."""
         raise NotImplementedError
+
+    def drive_weights(self, demands: list[UserDemand], groups: dict[int, GroupLimit]) -> dict[int, float]:
+        """user id -> the weight of the user's claim on drive time, for the users of `demands`
+        (only their relative sizes matter; a user missing or at 0 gets turns only when nobody
+        else can take one). Caps do not enter: they bound what is in flight elsewhere."""
+        unbounded = [UserDemand(d.user, d.group, self.WEIGHT_SLOTS, self.WEIGHT_SLOTS) for d in demands]
+        open_groups = {g: GroupLimit(weight=limit.weight, room=self.WEIGHT_SLOTS * max(1, len(demands)))
+                       for g, limit in groups.items()}
+        granted = self.allocate(unbounded, open_groups, self.WEIGHT_SLOTS)
+        return {d.user: float(granted.get(d.user, 0)) for d in demands}
 
 
 class _ByGroup(SharePolicy):

@@ -1,6 +1,7 @@
 """A site's own plugins, living outside the core, named in settings by the tests."""
 from carousel.stagers.base import FileStatus, Location
 from carousel.stagers.immediate import ImmediateStager
+from policies.sharing import SharePolicy, water_fill
 from policies.sorting import SortPolicy
 
 
@@ -37,3 +38,16 @@ class MapStager(ImmediateStager):
 
     def poll(self, jobs):
         return {j.id: [FileStatus(p, "staging") for p in j.paths] for j in jobs}
+
+
+class Seniority(SharePolicy):
+    """A site's sharing policy that writes only allocate(): a user's claim grows with their
+    seniority (here: an odd user id weighs 3, an even one 1), caps aside."""
+
+    name = "SENIORITY"
+
+    def allocate(self, demands, groups, slots):
+        users = sorted(demands, key=lambda d: d.user)
+        grants = water_fill([max(0, min(d.pending, d.room)) for d in users], slots,
+                            [3 if d.user % 2 else 1 for d in users])
+        return {d.user: n for d, n in zip(users, grants) if n}

@@ -268,10 +268,10 @@ def test_cancelling_withdraws_from_the_stager_unless_another_user_shares_the_sta
     backend = Backend()
     backend.cancel = lambda backend_id, paths: cancelled.extend(paths)
     run_cycle(now=now, stager=backend)
-    from carousel.withdrawals import withdraw
     from carousel.services import request_cancel
+    from carousel.withdrawals import send_stager_calls
 
-    _, pairs = request_cancel(queryset=RestoreRequest.objects.filter(user=alice), now=now)
-    withdraw(backend, pairs)
+    request_cancel(queryset=RestoreRequest.objects.filter(user=alice), now=now)
+    send_stager_calls(now=now, stager=backend)
     assert cancelled == ["/x/own"]
     assert RestoreRequest.objects.get(user=bob).state == "submitted"

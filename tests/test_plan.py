@@ -204,10 +204,12 @@ def test_without_a_drive_count_every_job_goes_out_at_once(planned, alice, settin
     assert set(Job.objects.values_list("chain", flat=True)) == {""}
 
 
-def test_a_replay_cuts_the_last_tapes_across_idle_drives(db):
+@pytest.mark.parametrize("choose_per_cycle", [750, 10])
+def test_a_replay_cuts_the_last_tapes_across_idle_drives(db, choose_per_cycle):
     """Three equal tapes on two drives, all requested at once: whole tapes take two rounds (one
     drive idle in the second); the plan cuts one tape so both drives finish together. Replayed
-    through the real loop against the simulated library."""
+    through the real loop against the simulated library; also when one cycle's choice is
+    smaller than the backlog (the whole ready backlog is planned when it fits the window)."""
     from carousel.sim.replay import replay_baseline, replay_broker, report
     from carousel.sim.workload import parse
 
@@ -219,9 +221,89 @@ def test_a_replay_cuts_the_last_tapes_across_idle_drives(db):
     w = parse({"format": "carousel-workload/1", "name": "three-on-two", "library": {"drives": {"LTO-8": 2}},
                "groups": {"p": {"weight": 1}}, "users": {"prod": {"group": "p", "cap": 1000}},
                "tapes": tapes, "requests": requests})
+    Control.get()
+    Control.objects.filter(id=1).update(choose_per_cycle=choose_per_cycle)
     broker = report(w, replay_broker(w))
     eradat = report(w, replay_baseline(w, "eradat"))
     assert broker["files_done"] == 36
     assert broker["mounts"] == 4  # one tape read in two pieces
     assert broker["makespan_s"] < 0.85 * eradat["makespan_s"]
+    assert broker["makespan_s"] >= broker["lower_bound_s"]
+
+
+def _long_mount_with_a_short_one_waiting(now, alice, bob, charlie):
+    """Alice's long mount on the only drive; charlie joins her stage for ten of its files (a
+    shared request spends no attempt); bob's short mount waits behind it."""
+    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900)
+    long_tape = [(f"/d/L/f{i}", i * 100 * GB, 20 * GB) for i in range(40)]
+    stager, clock = library_stager(1, {"L": long_tape, "S": [("/d/S/one", 300 * GB, 2 * GB)]})
+    restore_submit(user=alice, paths=[p for p, _, _ in long_tape], now=now)
+    run_cycle(now=now, stager=stager)
+    shared = [p for p, _, _ in long_tape[-10:]]
+    assert restore_submit(user=charlie, paths=shared, now=now + timedelta(seconds=10)).shared == 10
+    assert set(RestoreRequest.objects.filter(user=charlie).values_list("attempts", flat=True)) == {0}
+    clock[0] = 300.0
+    restore_submit(user=bob, paths=["/d/S/one"], now=now + timedelta(seconds=300))
+    run_cycle(now=now + timedelta(seconds=300), stager=stager)
+    return stager, clock
+
+
+def test_a_cut_gives_back_no_attempt_a_shared_request_never_spent(planned, alice, bob, charlie):
+    """Preemption must not fail good files: a request that joined another user's stage spent no
+    attempt, so the cut has none to give back (attempts >= 0 holds); every cut file, both users'
+    requests for it, goes back to the queue and is read later, once."""
+    now = planned
+    stager, clock = _long_mount_with_a_short_one_waiting(now, alice, bob, charlie)
+    clock[0] = 430.0
+    report = run_cycle(now=now + timedelta(seconds=430), stager=stager)
+    assert report.preempted > 30
+    assert RestoreRequest.objects.filter(user=charlie, state="queued").count() == 10
+    assert set(RestoreRequest.objects.filter(state="queued").values_list("attempts", flat=True)) == {0}
+    assert run_until(stager, clock, now, all_done, limit=40_000)
+    assert RestoreRequest.objects.filter(state="done").count() == 51
+    reads = [path for _, _, path, _ in stager.library.reads]
+    assert len(reads) == len(set(reads)) == 41
+
+
+def test_a_cut_the_stager_refuses_leaves_the_long_mount_running(planned, alice, bob, charlie, monkeypatch):
+    """Nothing goes back to the queue unless the stager let it go, and nothing fails: the
+    long mount simply runs on and every file is read once."""
+    now = planned
+    stager, clock = _long_mount_with_a_short_one_waiting(now, alice, bob, charlie)
+
+    def refuse(backend_id, paths):
+        raise RuntimeError("cancel refused")
+
+    monkeypatch.setattr(stager, "cancel", refuse)
+    clock[0] = 430.0
+    assert run_cycle(now=now + timedelta(seconds=430), stager=stager).preempted == 0
+    assert not RestoreRequest.objects.filter(user__in=[alice, charlie], state="queued").exists()
+    monkeypatch.undo()
+    assert run_until(stager, clock, now, all_done, limit=40_000)
+    assert not RestoreRequest.objects.exclude(state="done").exists()
+    reads = [path for _, _, path, _ in stager.library.reads]
+    assert len(reads) == len(set(reads)) == 41
+
+
+def test_planned_mounts_not_sent_yet_are_planned_again_with_the_last_of_a_backlog_larger_than_the_window(db):
+    """Five equal tapes on two drives; the window (N x K = 48 files) holds four: two go to the
+    drives, two wait planned whole. When the fifth is claimed (the last of the backlog), the two
+    waiting are planned again with it, so the last work is cut across both drives and they
+    finish together instead of one drive reading a fifth tape alone."""
+    from carousel.sim.replay import replay_baseline, replay_broker, report
+    from carousel.sim.workload import parse
+
+    tapes, requests = [], []
+    for t in range(5):
+        files = [[f"/d/T{t}/f{i}", 20 * GB, i * 300 * GB] for i in range(12)]
+        tapes.append({"label": f"T{t}", "media": "LTO-8", "used_bytes": 11_000 * GB, "files": files})
+        requests += [{"t": 0, "user": "prod", "path": f[0]} for f in files]
+    w = parse({"format": "carousel-workload/1", "name": "five-on-two", "library": {"drives": {"LTO-8": 2}},
+               "groups": {"p": {"weight": 1}}, "users": {"prod": {"group": "p", "cap": 1000}},
+               "tapes": tapes, "requests": requests})
+    broker = report(w, replay_broker(w, control={"files_per_job": 12, "jobs_in_flight": 4}))
+    eradat = report(w, replay_baseline(w, "eradat"))
+    assert broker["files_done"] == 60 and broker["files_failed"] == 0
+    assert broker["mounts"] == 6  # one tape read in two pieces
+    assert broker["makespan_s"] < 0.92 * eradat["makespan_s"]
     assert broker["makespan_s"] >= broker["lower_bound_s"]

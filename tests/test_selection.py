@@ -33,14 +33,14 @@ def submit_at(user, when, paths, **kw):
 @pytest.mark.parametrize("sort", SORTS)
 @pytest.mark.parametrize("share", SHARES)
 def test_every_policy_pair_runs_a_cycle(alice, charlie, now, sort, share):
-    control(sort_policy=sort, share_policy=share, files_per_job=3, jobs_in_flight=2)
+    control(sort_policy=sort, share_policy=share, files_per_job=5, jobs_in_flight=2)
     submit_at(alice, now, [f"/a/{i}" for i in range(10)])
     submit_at(charlie, now, [f"/c/{i}" for i in range(10)])
     stager = MapStager({f"/{u}/{i}": (f"T{u}{i % 2}", i * GB) for u in "ac" for i in range(10)})
     report = run_cycle(now=now, stager=stager)
-    assert report.error == "" and report.submitted == 6
-    assert RestoreRequest.objects.filter(state="submitted").count() == 6
-    # both users got a share of the 6 slots
+    assert report.error == "" and report.submitted == 10
+    assert RestoreRequest.objects.filter(state="submitted").count() == 10
+    # both users got turns in the 10 slots
     users = set(RestoreRequest.objects.filter(state="submitted").values_list("user__username", flat=True))
     assert users == {"alice", "charlie"}
 
@@ -131,25 +131,54 @@ def test_caps_are_never_exceeded(alice, bob, charlie, now, share):
     assert RestoreRequest.objects.filter(state__in=["submitted", "staging"], user=alice).count() == 3
 
 
-def test_equal_shares_split_slots_evenly(alice, charlie, now):
-    control(share_policy="EQUAL", files_per_job=5, jobs_in_flight=2)
+def on_tapes(users, per_tape, tapes):
+    """A MapStager putting each user's files, `per_tape` to a tape, on tapes of their own."""
+    return MapStager({f"/{u}/{i}": (f"T{u}{i // per_tape}", (i % per_tape) * GB)
+                      for u in users for i in range(per_tape * tapes)})
+
+
+def test_equal_gives_users_turns_of_whole_tapes(alice, charlie, now):
+    control(share_policy="EQUAL", sort_policy="TAPEID", files_per_job=5, jobs_in_flight=2)
     submit_at(alice, now, [f"/a/{i}" for i in range(50)])
     submit_at(charlie, now, [f"/c/{i}" for i in range(50)])
-    run_cycle(now=now, stager=MapStager())
-    flying = RestoreRequest.objects.filter(state="submitted")
-    assert flying.filter(user=alice).count() == 5 and flying.filter(user=charlie).count() == 5
+    stager = on_tapes("ac", 5, 10)
+    run_cycle(now=now, stager=stager)
+    # One tape (one mount of equal drive time) each, whole.
+    assert sorted(len(job.paths) for job in stager.sent) == [5, 5]
+    assert {job.paths[0][1] for job in stager.sent} == {"a", "c"}
 
 
-def test_grpw_follows_group_weights(alice, charlie, now):
+def test_grpw_gives_turns_in_drive_time_by_group_weight(alice, charlie, now):
     from carousel.models import GroupShare
 
     GroupShare.objects.filter(group__name="production").update(weight=3)
-    control(share_policy="GRPW", files_per_job=4, jobs_in_flight=2)
+    control(share_policy="GRPW", sort_policy="TAPEID", files_per_job=4, jobs_in_flight=2)
     submit_at(alice, now, [f"/a/{i}" for i in range(50)])
     submit_at(charlie, now, [f"/c/{i}" for i in range(50)])
-    run_cycle(now=now, stager=MapStager())
+    run_cycle(now=now, stager=on_tapes("ac", 2, 25))
     flying = RestoreRequest.objects.filter(state="submitted")
+    # Three of charlie's tapes for one of alice's: equal tapes, so three times the drive time.
     assert flying.filter(user=charlie).count() == 6 and flying.filter(user=alice).count() == 2
+
+
+def test_drive_time_held_counts_against_the_next_turns(alice, charlie, now):
+    """A user whose mounts are planned or on the drives waits while the other catches up: the
+    share is of drive time held, not of one cycle's slots."""
+    from carousel.locating import locate_requests
+
+    ctl = control(share_policy="EQUAL", sort_policy="TAPEID", files_per_job=5, jobs_in_flight=4)
+    stager = on_tapes("ac", 5, 10)
+    submit_at(alice, now, [f"/a/{i}" for i in range(50)])
+    locate_requests(now=now, stager=stager, limit=1000)
+    sort, share = sort_policy("TAPEID"), share_policy("EQUAL")
+    claim_jobs(now=now, control=ctl, sort=sort, share=share, jobs_limit=2)  # alice alone: two tapes
+    submit_at(charlie, now, [f"/c/{i}" for i in range(50)])
+    locate_requests(now=now, stager=stager, limit=1000)
+    jobs = claim_jobs(now=now + timedelta(seconds=10), control=ctl, sort=sort, share=share, jobs_limit=4)
+    # Ten new slots: charlie's two tapes catch up with the two alice holds.
+    assert sorted(p[1] for job in jobs for p in job.paths) == ["c"] * 10
+    flying = RestoreRequest.objects.filter(state="submitted")
+    assert flying.filter(user=charlie).count() == 10 and flying.filter(user=alice).count() == 10
 
 
 def test_a_site_policy_named_in_settings_is_picked_up(alice, now, settings):

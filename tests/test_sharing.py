@@ -317,3 +317,48 @@ def test_grpw_with_equal_weights_is_group(cycle, weight):
     users = [u if u.group in same else UserDemand(user=u.user, group=min(same), pending=u.pending, room=u.room)
              for u in users]
     assert GroupWeighted().allocate(users, same, slots) == Group().allocate(users, same, slots)
+
+
+# Drive-time weights: the turns of whole mounts (policies/selection.py) follow them.
+
+def relative(weights, users):
+    total = sum(weights[u.user] for u in users)
+    return {u.user: Fraction(weights[u.user]).limit_denominator(10**7) / total for u in users} if total else {}
+
+
+@given(cycle=cycles())
+@examples
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+def test_drive_weights_are_the_policys_proportions_whatever_the_caps(policy, cycle):
+    users, limits, _ = cycle
+    weights = policy.drive_weights(users, limits)
+    assert set(weights) == {u.user for u in users}
+    if not users:
+        return
+    assert all(w > 0 for w in weights.values())  # caps and empty rooms take no one's turn away
+    members = defaultdict(list)
+    for u in users:
+        members[u.group].append(u)  # a group missing from the limits is a team of weight 1
+    share = relative(weights, users)
+    groups = {g: sum(share[u.user] for u in us) for g, us in members.items()}
+    tolerance = Fraction(1, 10**4)
+    for g, us in members.items():
+        if policy.name != "EQUAL":  # equal between a group's users
+            assert max(share[u.user] for u in us) - min(share[u.user] for u in us) <= tolerance
+    if policy.name == "EQUAL":
+        assert max(share.values()) - min(share.values()) <= tolerance
+    elif policy.name == "GROUP":
+        assert max(groups.values()) - min(groups.values()) <= tolerance
+    else:
+        weight = {g: Fraction(limit_of(limits, g).weight) for g in members}
+        total = sum(weight.values())
+        for g in members:
+            assert abs(groups[g] - weight[g] / total) <= tolerance
+
+
+def test_a_site_policy_that_only_allocates_gets_drive_weights_from_it():
+    from tests.site_plugins import Seniority
+
+    users = [UserDemand(user=u, group=None, pending=p, room=r) for u, p, r in [(1, 5, 0), (2, 500, 500), (3, 9, 9)]]
+    weights = Seniority().drive_weights(users, {})
+    assert weights[1] == pytest.approx(weights[3], rel=1e-5) and weights[1] == pytest.approx(3 * weights[2], rel=1e-5)
