@@ -1,6 +1,10 @@
 from rest_framework import serializers
 
-from carousel.models import Bulk, RestoreRequest
+from carousel.models import Bulk, RequestState, RestoreRequest
+from carousel.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
+
+# Ids are PostgreSQL bigints: a larger number names no request, and is refused as input.
+MAX_ID = 2**63 - 1
 
 
 class StrictSerializer(serializers.Serializer):
@@ -21,8 +25,9 @@ class SubmitSerializer(StrictSerializer):
     destination = serializers.CharField(max_length=4096, required=False, allow_blank=True, default="")
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
     pin_lifetime = serializers.DurationField(required=False, allow_null=True, default=None,
+                                             min_value=MIN_PIN_LIFETIME, max_value=MAX_PIN_LIFETIME,
                                              help_text="How long the restored copy stays on disk: "
-                                                       "ISO 8601 (PT1H) or seconds.")
+                                                       "ISO 8601 (PT1H) or seconds; from 1 second to 365 days.")
     notify = serializers.BooleanField(default=False)
 
     def to_internal_value(self, data):
@@ -54,7 +59,8 @@ class SubmitResultSerializer(serializers.Serializer):
 
 class RequestSerializer(serializers.ModelSerializer):
     user = serializers.CharField(source="user.username", read_only=True)
-    tape = serializers.CharField(source="tape.label", read_only=True, default=None)
+    tape = serializers.CharField(source="tape.label", read_only=True, default=None, allow_null=True,
+                                 help_text="the tape's label, null until the file is located")
 
     class Meta:
         model = RestoreRequest
@@ -74,8 +80,34 @@ class BulkSerializer(serializers.ModelSerializer):
 
 
 class IdsSerializer(StrictSerializer):
-    ids = serializers.ListField(child=serializers.IntegerField(min_value=1), allow_empty=False, max_length=100_000)
+    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=MAX_ID), allow_empty=False,
+                                max_length=100_000)
 
 
 class CancelResultSerializer(serializers.Serializer):
     cancelled = serializers.IntegerField()
+
+
+def _states(value):
+    states = [x for x in value.split(",") if x]
+    unknown = sorted(set(states) - set(RequestState.values))
+    if unknown or not states:
+        raise serializers.ValidationError(
+            f"unknown state(s) {', '.join(unknown) or repr(value)}; known: {', '.join(RequestState.values)}")
+    return states
+
+
+class RequestFilterSerializer(serializers.Serializer):
+    """The list's query parameters. A parameter given must make sense: an empty or malformed
+    one is refused rather than silently ignored (?until= would otherwise list everything)."""
+
+    state = serializers.CharField(required=False, max_length=1000,
+                                  help_text="comma-separated states: " + ", ".join(RequestState.values))
+    bulk = serializers.UUIDField(required=False, help_text="only requests of this submission")
+    tape = serializers.CharField(required=False, max_length=64, help_text="tape label")
+    since = serializers.DateTimeField(required=False, help_text="created at or after")
+    until = serializers.DateTimeField(required=False, help_text="created before")
+    path = serializers.CharField(required=False, max_length=4096, help_text="path contains this text")
+
+    def validate_state(self, value):
+        return _states(value)

@@ -1,6 +1,7 @@
 """Writes of the core domain. Views, tasks and commands call these and hold no logic."""
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -16,6 +17,9 @@ from .paths import validate_paths
 
 S = RequestState
 MAX_LISTED_ERRORS = 1000
+# A pin holds disk space: it must end, and within a year (DataCarousel's pins were days).
+MIN_PIN_LIFETIME = timedelta(seconds=1)
+MAX_PIN_LIFETIME = timedelta(days=365)
 
 
 def request_transition(queryset, to, *, now, **fields):
@@ -68,6 +72,8 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         raise InvalidSubmission("priority must be an integer from 0 to 3")
     if deadline is not None and deadline <= now:
         raise InvalidSubmission("deadline is in the past")
+    if pin_lifetime is not None and not MIN_PIN_LIFETIME <= pin_lifetime <= MAX_PIN_LIFETIME:
+        raise InvalidSubmission(f"pin_lifetime must be from {MIN_PIN_LIFETIME} to {MAX_PIN_LIFETIME.days} days")
 
     keys = [path_key(p) for p in clean]
     with transaction.atomic():

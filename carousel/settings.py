@@ -82,7 +82,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# The submit endpoint takes 100,000 paths in one body (about 10 MB of JSON).
+# The largest body the API and the pages read (past it: 413 in the API's error format). The
+# submit endpoint takes 100,000 paths in one body: 64 MiB fits 100,000 paths of 600 bytes each
+# (archive paths are 60-200 bytes; a path may be up to 4096 bytes, but 100,000 of those would be
+# 410 MB held in a web worker's memory: split such a list into several submissions).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
 
 AUTH_PASSWORD_VALIDATORS = []
@@ -113,6 +116,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    # JSON only, with a body limit, a depth limit and text that is text (api/parsers.py).
+    "DEFAULT_PARSER_CLASSES": ["api.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": None,
 }
 

@@ -1,6 +1,7 @@
 """The pages. Views read a form, call a service or a selector, and render; nothing more."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
@@ -51,7 +52,10 @@ def _with(query, **params):
 @login_required
 @require_POST
 def cancel(request):
-    ids = parse_ids(request.POST.getlist("cancel_one") or request.POST.getlist("ids"))
+    try:
+        ids = parse_ids(request.POST.getlist("cancel_one") or request.POST.getlist("ids"))
+    except ValueError as exc:
+        return HttpResponseBadRequest(f"Nothing cancelled: {exc}.", content_type="text/plain; charset=utf-8")
     if ids:
         count, pairs = services.request_cancel(queryset=selectors.visible_requests(request.user).filter(pk__in=ids),
                                                now=timezone.now())
