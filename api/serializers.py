@@ -111,3 +111,50 @@ class RequestFilterSerializer(serializers.Serializer):
 
     def validate_state(self, value):
         return _states(value)
+
+
+# Response bodies built from dicts, declared for the schema (and so checked by schemathesis).
+
+class StateCountsSerializer(serializers.Serializer):
+    def get_fields(self):
+        return {state: serializers.IntegerField() for state in RequestState.values}
+
+
+class BulkDetailSerializer(BulkSerializer):
+    states = StateCountsSerializer(read_only=True, help_text="the submission's requests per state")
+    requests_url = serializers.CharField(read_only=True, help_text="its requests, in the request list")
+
+    class Meta(BulkSerializer.Meta):
+        fields = [*BulkSerializer.Meta.fields, "states", "requests_url"]
+        read_only_fields = fields
+
+
+class SummarySerializer(serializers.Serializer):
+    states = StateCountsSerializer(help_text="your requests per state")
+    active = serializers.IntegerField(help_text="your requests not finished yet")
+    bytes_done = serializers.IntegerField()
+    bytes_active_known = serializers.IntegerField(help_text="bytes of your active requests whose size is known")
+    oldest_active_at = serializers.DateTimeField(allow_null=True)
+
+
+class QuarantinedTapeSerializer(serializers.Serializer):
+    label = serializers.CharField()
+    quarantined_at = serializers.DateTimeField(allow_null=True)
+    quarantine_reason = serializers.CharField(allow_blank=True)
+
+
+class StagerHealthSerializer(serializers.Serializer):
+    state = serializers.CharField(help_text="healthy, stalled or down")
+    reason = serializers.CharField(allow_blank=True)
+    since = serializers.DateTimeField(allow_null=True)
+    checked_at = serializers.DateTimeField(allow_null=True)
+    jobs_limit = serializers.IntegerField(allow_null=True, help_text="the adaptive limit of jobs in flight")
+    healthy_limit = serializers.IntegerField(allow_null=True)
+    jobs_in_flight_max = serializers.IntegerField(help_text="K, from the control row")
+    jobs_open = serializers.IntegerField()
+    last_progress_at = serializers.DateTimeField(allow_null=True)
+    disk_free_bytes = serializers.IntegerField(allow_null=True)
+    disk_total_bytes = serializers.IntegerField(allow_null=True)
+    paused = serializers.BooleanField()
+    retry_queue = serializers.IntegerField()
+    quarantined_tapes = QuarantinedTapeSerializer(many=True)

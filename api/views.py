@@ -83,7 +83,7 @@ def _cancel(queryset):
 
 
 class RequestCancel(APIView):
-    @extend_schema(request=None, responses=s.CancelResultSerializer)
+    @extend_schema(request=None, responses=s.CancelResultSerializer, operation_id="v1_requests_cancel_one")
     def post(self, request, pk):
         req = get_object_or_404(selectors.visible_requests(request.user), pk=pk)
         return _cancel(selectors.visible_requests(request.user).filter(pk=req.pk))
@@ -107,6 +107,7 @@ class BulkList(generics.ListAPIView):
 
 
 class BulkDetail(APIView):
+    @extend_schema(responses=s.BulkDetailSerializer)
     def get(self, request, pk):
         bulk = get_object_or_404(selectors.visible_bulks(request.user).select_related("user"), pk=pk)
         body = s.BulkSerializer(bulk).data
@@ -123,6 +124,7 @@ class BulkCancel(APIView):
 
 
 class Summary(APIView):
+    @extend_schema(responses=s.SummarySerializer)
     def get(self, request):
         return Response(selectors.queue_summary(user=request.user))
 
@@ -131,6 +133,7 @@ class StagerHealthView(APIView):
     """The stager's health (healthy, stalled, down), the adaptive jobs-in-flight limit, the
     retry queue and quarantined tapes."""
 
+    @extend_schema(responses=s.StagerHealthSerializer)
     def get(self, request):
         return Response(selectors.stager_health())
 
