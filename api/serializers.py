@@ -1,3 +1,4 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from carousel.models import Bulk, RequestState, RestoreRequest
@@ -18,9 +19,17 @@ class StrictSerializer(serializers.Serializer):
         return attrs
 
 
+@extend_schema_field({
+    "type": "array", "minItems": 1, "maxItems": 100_000,
+    "items": {"type": "string", "minLength": 2, "maxLength": 4096, "pattern": "^/[^\\x00-\\x1f\\x7f]*[^/]$"},
+    "description": "absolute paths of files: no control characters, no '.' or '..' components"})
+class PathListField(serializers.ListField):
+    """The schema says what the service accepts; the field itself takes any list (see below)."""
+
+
 class SubmitSerializer(StrictSerializer):
     # Each path is checked by carousel.paths.validate_paths, which reports every bad line at once.
-    paths = serializers.ListField(child=serializers.JSONField(), allow_empty=True)
+    paths = PathListField(child=serializers.JSONField(), allow_empty=True)
     priority = serializers.IntegerField(min_value=0, max_value=3, default=0)
     destination = serializers.CharField(max_length=4096, required=False, allow_blank=True, default="")
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
