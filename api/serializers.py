@@ -1,7 +1,10 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from django.conf import settings
+
 from carousel.models import Bulk, RequestState, RestoreRequest
+from carousel.paths import check_destination
 from carousel.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
 
 # Ids are PostgreSQL bigints: a larger number names no request, and is refused as input.
@@ -52,8 +55,10 @@ class SubmitSerializer(StrictSerializer):
         return value
 
     def validate_destination(self, value):
-        if "\x00" in value:
-            raise serializers.ValidationError("contains a NUL byte")
+        # The form of it here (a field error); whether this user may deliver there, in the service.
+        value, message = check_destination(value, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
+        if message:
+            raise serializers.ValidationError(message)
         return value
 
 

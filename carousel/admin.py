@@ -10,7 +10,8 @@ from django.utils import timezone
 from . import services
 from .tasks import withdraw_on_commit
 from .models import (
-    Account, Bulk, Control, FileLocation, GroupShare, Job, RestoreRequest, RetryQueue, StagerHealth, Tape, Transition,
+    Account, Bulk, Control, FileLocation, GroupShare, Job, PathPrefix, RestoreRequest, RetryQueue, StagerHealth, Tape,
+    Transition,
 )
 
 
@@ -35,9 +36,23 @@ class CarouselUserAdmin(UserAdmin):
     inlines = [AccountInline]
 
 
+class PathPrefixInline(admin.TabularInline):
+    model = PathPrefix
+    extra = 1
+    verbose_name_plural = ("path prefixes: what the group may restore (with the group-prefixes path "
+                           "authorisation) and where its files may be delivered")
+
+
 @admin.register(Group)
 class CarouselGroupAdmin(GroupAdmin):
-    inlines = [GroupShareInline]
+    inlines = [GroupShareInline, PathPrefixInline]
+
+
+@admin.register(PathPrefix)
+class PathPrefixAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "group", "purpose"]
+    list_filter = ["purpose", "group"]
+    search_fields = ["prefix", "group__name"]
 
 
 class ControlForm(forms.ModelForm):

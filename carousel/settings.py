@@ -191,6 +191,17 @@ CAROUSEL_DELIVERIES = {
 CAROUSEL_DELIVERY = os.environ.get("CAROUSEL_DELIVERY", "none")
 CAROUSEL_DELIVERY_OPTIONS = json.loads(os.environ.get("CAROUSEL_DELIVERY_OPTIONS") or "{}")
 
+# Who may restore what (carousel/authz.py): "allow-all", "group-prefixes" (a group's path
+# prefixes, edited in the admin), or a site's class as a dotted path.
+CAROUSEL_PATH_AUTHORIZATIONS = {
+    "allow-all": "carousel.authz.AllowAll",
+    "group-prefixes": "carousel.authz.GroupPrefixes",
+}
+CAROUSEL_PATH_AUTHORIZATION = os.environ.get("CAROUSEL_PATH_AUTHORIZATION", "allow-all")
+# Where restored files may be delivered, for everyone (colon-separated absolute paths); groups
+# get more in the admin. Empty, and no group roots: destinations are refused.
+CAROUSEL_DESTINATION_ROOTS = [p for p in os.environ.get("CAROUSEL_DESTINATION_ROOTS", "").split(":") if p]
+
 # Limits of one submission.
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
 CAROUSEL_MAX_PATH_BYTES = 4096

@@ -123,7 +123,8 @@ def test_it_wants_paths_or_a_file_but_not_both(as_alice_web):
     assert "not both" in page(r)
 
 
-def test_the_options_reach_the_requests(as_alice_web, alice):
+def test_the_options_reach_the_requests(as_alice_web, alice, settings):
+    settings.CAROUSEL_DESTINATION_ROOTS = ["/scratch"]
     as_alice_web.post("/restore/", {"paths": "/a", "destination": "/scratch/alice", "pin_hours": "2",
                                     "deadline": "2099-01-02T03:04", "notify": "on"})
     req = RestoreRequest.objects.get(user=alice)
