@@ -86,16 +86,20 @@ class RequestCancel(APIView):
     @extend_schema(request=None, responses=s.CancelResultSerializer, operation_id="v1_requests_cancel_one")
     def post(self, request, pk):
         req = get_object_or_404(selectors.visible_requests(request.user), pk=pk)
-        return _cancel(selectors.visible_requests(request.user).filter(pk=req.pk))
+        if req.user_id != request.user.id and not selectors.may_change_all(request.user):
+            raise exceptions.PermissionDenied("you may see this request but not cancel it: cancelling another "
+                                              "user's request needs the change permission on restore requests")
+        return _cancel(selectors.cancellable_requests(request.user).filter(pk=req.pk))
 
 
 class RequestCancelMany(APIView):
     @extend_schema(request=s.IdsSerializer, responses=s.CancelResultSerializer,
-                   description="Cancel several requests; ids that are not yours or not active are skipped.")
+                   description="Cancel several requests; ids that are not yours (unless you hold the change "
+                               "permission on restore requests) or not active are skipped.")
     def post(self, request):
         form = s.IdsSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        return _cancel(selectors.visible_requests(request.user).filter(pk__in=form.validated_data["ids"]))
+        return _cancel(selectors.cancellable_requests(request.user).filter(pk__in=form.validated_data["ids"]))
 
 
 class BulkList(generics.ListAPIView):
@@ -120,6 +124,9 @@ class BulkCancel(APIView):
     @extend_schema(request=None, responses=s.CancelResultSerializer)
     def post(self, request, pk):
         bulk = get_object_or_404(selectors.visible_bulks(request.user), pk=pk)
+        if bulk.user_id != request.user.id and not selectors.may_change_all(request.user):
+            raise exceptions.PermissionDenied("you may see this submission but not cancel it: cancelling another "
+                                              "user's requests needs the change permission on restore requests")
         return _cancel(selectors.bulk_requests(bulk))
 
 

@@ -124,14 +124,15 @@ class RestoreRequestAdmin(admin.ModelAdmin):
     # A million rows: count with an estimate-free but cheap query, never the full changelist count.
     show_full_result_count = False
 
-    @admin.action(description="Cancel the selected requests")
+    # Actions change rows: they need the change permission, as the edit form does.
+    @admin.action(description="Cancel the selected requests", permissions=["change"])
     def cancel(self, request, queryset):
         count, pairs = services.request_cancel(queryset=queryset, now=timezone.now(),
                                                reason=f"cancelled by operator {request.user}")
         withdraw_on_commit(pairs)
         self.message_user(request, f"{count} request(s) cancelled.", messages.SUCCESS)
 
-    @admin.action(description="Retry now (failed or waiting requests go back to the queue)")
+    @admin.action(description="Retry now (failed or waiting requests go back to the queue)", permissions=["change"])
     def retry_now(self, request, queryset):
         count = services.request_retry_now(queryset=queryset, now=timezone.now())
         self.message_user(request, f"{count} request(s) queued again.", messages.SUCCESS)
@@ -158,7 +159,7 @@ class TapeAdmin(admin.ModelAdmin):
     readonly_fields = ["recent_failures", "failures_since"]
     actions = ["lift_quarantine"]
 
-    @admin.action(description="Lift the quarantine (the tapes' requests go out again)")
+    @admin.action(description="Lift the quarantine (the tapes' requests go out again)", permissions=["change"])
     def lift_quarantine(self, request, queryset):
         count = services.tape_lift_quarantine(queryset=queryset)
         self.message_user(request, f"{count} tape(s) back in service.", messages.SUCCESS)
@@ -206,10 +207,14 @@ class RetryQueueAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).filter(state="retry")
 
-    @admin.action(description="Retry now")
+    @admin.action(description="Retry now", permissions=["retry"])
     def retry_now(self, request, queryset):
         count = services.request_retry_now(queryset=queryset, now=timezone.now())
         self.message_user(request, f"{count} request(s) queued again.", messages.SUCCESS)
+
+    def has_retry_permission(self, request):
+        # The list itself is read-only; retrying changes restore requests.
+        return request.user.has_perm("carousel.change_restorerequest")
 
     def has_add_permission(self, request):
         return False
@@ -235,10 +240,23 @@ class BulkAdmin(admin.ModelAdmin):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
+    """Jobs are the loop's: shown, never edited by hand (a changed state or chain would
+    contradict what the stager was told)."""
+
     list_display = ["id", "tape", "state", "chain", "files", "estimate_s", "jumps_queue", "after", "backend_id",
                     "created_at", "sent_at", "progress_at"]
     list_filter = ["state", "jumps_queue"]
     raw_id_fields = ["tape", "after"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Transition)

@@ -57,7 +57,7 @@ def cancel(request):
     except ValueError as exc:
         return HttpResponseBadRequest(f"Nothing cancelled: {exc}.", content_type="text/plain; charset=utf-8")
     if ids:
-        count, pairs = services.request_cancel(queryset=selectors.visible_requests(request.user).filter(pk__in=ids),
+        count, pairs = services.request_cancel(queryset=selectors.cancellable_requests(request.user).filter(pk__in=ids),
                                                now=timezone.now())
         withdraw_on_commit(pairs)
         messages.success(request, f"{count} request(s) cancelled." if count else
