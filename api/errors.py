@@ -1,9 +1,18 @@
-"""Every API error is data: {"status", "code", "detail", ...} with a message a person can act on."""
-from rest_framework import exceptions, status
+"""Every API error is data: {"status", "code", "detail", ...} with a message a person can act on.
+Validation errors add "fields" ({field: [messages]}), so a program can tell where."""
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.http import Http404
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from carousel.exceptions import CarouselError
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = 413
+    default_code = "too_large"
+    default_detail = "the request body is too large"
 
 
 def _flatten(detail, prefix=""):
@@ -17,18 +26,37 @@ def _flatten(detail, prefix=""):
         yield f"{prefix}{detail}"
 
 
+def _as_api_exception(exc, context):
+    """Django's own exceptions, as DRF's, with words that say what was not found or refused."""
+    request = context.get("request")
+    if isinstance(exc, Http404):
+        where = f" at {request.path}" if request is not None else ""
+        return exceptions.NotFound(f"nothing{where}: no such address, or no such object visible to you")
+    if isinstance(exc, PermissionDenied):
+        return exceptions.PermissionDenied()
+    if isinstance(exc, RequestDataTooBig):
+        from django.conf import settings
+
+        from .parsers import body_limit_message
+
+        return PayloadTooLarge(body_limit_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
+    return exc
+
+
 def exception_handler(exc, context):
     if isinstance(exc, CarouselError):
         body = {"status": exc.status, "code": exc.code, "detail": exc.detail}
         if exc.errors:
             body["errors"] = exc.errors
         return Response(body, status=exc.status)
+    exc = _as_api_exception(exc, context)
     response = drf_handler(exc, context)
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):
+        fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         body = {"status": response.status_code, "code": "invalid", "detail": "; ".join(_flatten(exc.detail)),
-                "fields": exc.detail}
+                "fields": fields}
     else:
         detail = getattr(exc, "detail", str(exc))
         code = detail.code if hasattr(detail, "code") else "error"
@@ -41,4 +69,16 @@ def error(status_code, code, detail):
     return Response({"status": status_code, "code": code, "detail": detail}, status=status_code)
 
 
-__all__ = ["exception_handler", "error", "status"]
+class ErrorSerializer(serializers.Serializer):
+    """The body of every error answer (for the schema)."""
+
+    status = serializers.IntegerField(help_text="the HTTP status, repeated")
+    code = serializers.CharField(help_text="a stable word for programs: invalid, invalid_submission, not_found, "
+                                           "not_authenticated, permission_denied, too_large, throttled, ...")
+    detail = serializers.CharField(help_text="what was wrong, and where, for a person")
+    fields = serializers.DictField(required=False, help_text="invalid input: {field: [messages]}")
+    errors = serializers.ListField(child=serializers.DictField(), required=False,
+                                   help_text="refused paths of a submission: index, line, path, message")
+
+
+__all__ = ["exception_handler", "error", "status", "PayloadTooLarge", "ErrorSerializer"]

@@ -1,6 +1,14 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from carousel.models import Bulk, RestoreRequest
+from django.conf import settings
+
+from carousel.models import Bulk, RequestState, RestoreRequest
+from carousel.paths import check_destination
+from carousel.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
+
+# Ids are PostgreSQL bigints: a larger number names no request, and is refused as input.
+MAX_ID = 2**63 - 1
 
 
 class StrictSerializer(serializers.Serializer):
@@ -14,15 +22,24 @@ class StrictSerializer(serializers.Serializer):
         return attrs
 
 
+@extend_schema_field({
+    "type": "array", "minItems": 1, "maxItems": 100_000,
+    "items": {"type": "string", "minLength": 2, "maxLength": 4096, "pattern": "^/[^\\x00-\\x1f\\x7f]*[^/]$"},
+    "description": "absolute paths of files: no control characters, no '.' or '..' components"})
+class PathListField(serializers.ListField):
+    """The schema says what the service accepts; the field itself takes any list (see below)."""
+
+
 class SubmitSerializer(StrictSerializer):
     # Each path is checked by carousel.paths.validate_paths, which reports every bad line at once.
-    paths = serializers.ListField(child=serializers.JSONField(), allow_empty=True)
+    paths = PathListField(child=serializers.JSONField(), allow_empty=True)
     priority = serializers.IntegerField(min_value=0, max_value=3, default=0)
     destination = serializers.CharField(max_length=4096, required=False, allow_blank=True, default="")
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
     pin_lifetime = serializers.DurationField(required=False, allow_null=True, default=None,
+                                             min_value=MIN_PIN_LIFETIME, max_value=MAX_PIN_LIFETIME,
                                              help_text="How long the restored copy stays on disk: "
-                                                       "ISO 8601 (PT1H) or seconds.")
+                                                       "ISO 8601 (PT1H) or seconds; from 1 second to 365 days.")
     notify = serializers.BooleanField(default=False)
 
     def to_internal_value(self, data):
@@ -38,8 +55,10 @@ class SubmitSerializer(StrictSerializer):
         return value
 
     def validate_destination(self, value):
-        if "\x00" in value:
-            raise serializers.ValidationError("contains a NUL byte")
+        # The form of it here (a field error); whether this user may deliver there, in the service.
+        value, message = check_destination(value, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
+        if message:
+            raise serializers.ValidationError(message)
         return value
 
 
@@ -54,7 +73,8 @@ class SubmitResultSerializer(serializers.Serializer):
 
 class RequestSerializer(serializers.ModelSerializer):
     user = serializers.CharField(source="user.username", read_only=True)
-    tape = serializers.CharField(source="tape.label", read_only=True, default=None)
+    tape = serializers.CharField(source="tape.label", read_only=True, default=None, allow_null=True,
+                                 help_text="the tape's label, null until the file is located")
 
     class Meta:
         model = RestoreRequest
@@ -74,8 +94,81 @@ class BulkSerializer(serializers.ModelSerializer):
 
 
 class IdsSerializer(StrictSerializer):
-    ids = serializers.ListField(child=serializers.IntegerField(min_value=1), allow_empty=False, max_length=100_000)
+    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=MAX_ID), allow_empty=False,
+                                max_length=100_000)
 
 
 class CancelResultSerializer(serializers.Serializer):
     cancelled = serializers.IntegerField()
+
+
+def _states(value):
+    states = [x for x in value.split(",") if x]
+    unknown = sorted(set(states) - set(RequestState.values))
+    if unknown or not states:
+        raise serializers.ValidationError(
+            f"unknown state(s) {', '.join(unknown) or repr(value)}; known: {', '.join(RequestState.values)}")
+    return states
+
+
+class RequestFilterSerializer(serializers.Serializer):
+    """The list's query parameters. A parameter given must make sense: an empty or malformed
+    one is refused rather than silently ignored (?until= would otherwise list everything)."""
+
+    state = serializers.CharField(required=False, max_length=1000,
+                                  help_text="comma-separated states: " + ", ".join(RequestState.values))
+    bulk = serializers.UUIDField(required=False, help_text="only requests of this submission")
+    tape = serializers.CharField(required=False, max_length=64, help_text="tape label")
+    since = serializers.DateTimeField(required=False, help_text="created at or after")
+    until = serializers.DateTimeField(required=False, help_text="created before")
+    path = serializers.CharField(required=False, max_length=4096, help_text="path contains this text")
+
+    def validate_state(self, value):
+        return _states(value)
+
+
+# Response bodies built from dicts, declared for the schema (and so checked by schemathesis).
+
+class StateCountsSerializer(serializers.Serializer):
+    def get_fields(self):
+        return {state: serializers.IntegerField() for state in RequestState.values}
+
+
+class BulkDetailSerializer(BulkSerializer):
+    states = StateCountsSerializer(read_only=True, help_text="the submission's requests per state")
+    requests_url = serializers.CharField(read_only=True, help_text="its requests, in the request list")
+
+    class Meta(BulkSerializer.Meta):
+        fields = [*BulkSerializer.Meta.fields, "states", "requests_url"]
+        read_only_fields = fields
+
+
+class SummarySerializer(serializers.Serializer):
+    states = StateCountsSerializer(help_text="your requests per state")
+    active = serializers.IntegerField(help_text="your requests not finished yet")
+    bytes_done = serializers.IntegerField()
+    bytes_active_known = serializers.IntegerField(help_text="bytes of your active requests whose size is known")
+    oldest_active_at = serializers.DateTimeField(allow_null=True)
+
+
+class QuarantinedTapeSerializer(serializers.Serializer):
+    label = serializers.CharField()
+    quarantined_at = serializers.DateTimeField(allow_null=True)
+    quarantine_reason = serializers.CharField(allow_blank=True)
+
+
+class StagerHealthSerializer(serializers.Serializer):
+    state = serializers.CharField(help_text="healthy, stalled or down")
+    reason = serializers.CharField(allow_blank=True)
+    since = serializers.DateTimeField(allow_null=True)
+    checked_at = serializers.DateTimeField(allow_null=True)
+    jobs_limit = serializers.IntegerField(allow_null=True, help_text="the adaptive limit of jobs in flight")
+    healthy_limit = serializers.IntegerField(allow_null=True)
+    jobs_in_flight_max = serializers.IntegerField(help_text="K, from the control row")
+    jobs_open = serializers.IntegerField()
+    last_progress_at = serializers.DateTimeField(allow_null=True)
+    disk_free_bytes = serializers.IntegerField(allow_null=True)
+    disk_total_bytes = serializers.IntegerField(allow_null=True)
+    paused = serializers.BooleanField()
+    retry_queue = serializers.IntegerField()
+    quarantined_tapes = QuarantinedTapeSerializer(many=True)

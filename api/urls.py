@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from . import views
 
@@ -14,4 +14,6 @@ urlpatterns = [
     path("bulks/<uuid:pk>/cancel/", views.BulkCancel.as_view(), name="bulk-cancel"),
     path("summary/", views.Summary.as_view(), name="summary"),
     path("stager/", views.StagerHealthView.as_view(), name="stager"),
+    # Last: anything else under the API is a JSON 404 (an unknown id such as requests/abc/).
+    re_path(r"", views.NotFoundView.as_view()),
 ]

@@ -1,20 +1,16 @@
 """REST API v1. Views parse, call a service or a selector, and render; nothing more."""
-import uuid
-
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import generics, serializers
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, generics, serializers
 from rest_framework.pagination import CursorPagination
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
 from carousel import selectors, services
 from carousel.tasks import withdraw_on_commit
-from carousel.models import RequestState
 
 from . import serializers as s
 
@@ -27,24 +23,23 @@ class NewestFirst(CursorPagination):
     page_size_query_param = "page_size"
     max_page_size = 1000
 
+    def get_page_size(self, request):
+        # DRF falls back to the default on a bad page_size; a client asking for page_size=null
+        # or 5000 should hear that it did not get what it asked for.
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= self.max_page_size):
+            raise serializers.ValidationError(
+                {self.page_size_query_param: f"{raw[:50]!r} is not a whole number from 1 to {self.max_page_size}"})
+        return int(raw)
 
-def _parse_time(name, value):
-    if not value:
-        return None
-    parsed = parse_datetime(value)
-    if parsed is None:
-        raise serializers.ValidationError({name: f"{value!r} is not an ISO 8601 date-time"})
-    return parsed
-
-
-LIST_PARAMS = [
-    OpenApiParameter("state", OpenApiTypes.STR, description="comma-separated states: " + ", ".join(RequestState.values)),
-    OpenApiParameter("bulk", OpenApiTypes.UUID, description="only requests of this submission"),
-    OpenApiParameter("tape", OpenApiTypes.STR, description="tape label"),
-    OpenApiParameter("since", OpenApiTypes.DATETIME, description="created at or after"),
-    OpenApiParameter("until", OpenApiTypes.DATETIME, description="created before"),
-    OpenApiParameter("path", OpenApiTypes.STR, description="path contains this text"),
-]
+    def decode_cursor(self, request):
+        try:
+            return super().decode_cursor(request)
+        except exceptions.NotFound:
+            raise serializers.ValidationError(
+                {self.cursor_query_param: "not a cursor this API gave out: follow the next and previous links"})
 
 
 class RequestListCreate(generics.ListAPIView):
@@ -52,23 +47,13 @@ class RequestListCreate(generics.ListAPIView):
     pagination_class = NewestFirst
 
     def get_queryset(self):
-        q = self.request.query_params
-        states = [x for x in q.get("state", "").split(",") if x]
-        unknown = sorted(set(states) - set(RequestState.values))
-        if unknown:
-            raise serializers.ValidationError(
-                {"state": f"unknown state(s) {', '.join(unknown)}; known: {', '.join(RequestState.values)}"})
-        bulk = q.get("bulk")
-        if bulk:
-            try:
-                uuid.UUID(bulk)
-            except ValueError:
-                raise serializers.ValidationError({"bulk": f"{bulk!r} is not a submission id (a UUID)"})
-        return selectors.request_list(user=self.request.user, state=states, bulk=bulk, tape=q.get("tape"),
-                                      since=_parse_time("since", q.get("since")),
-                                      until=_parse_time("until", q.get("until")), path=q.get("path"))
+        # As a plain dict: DRF reads an empty value of a QueryDict as "not given", and ?until=
+        # must be refused, not ignored.
+        query = s.RequestFilterSerializer(data=self.request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        return selectors.request_list(user=self.request.user, **query.validated_data)
 
-    @extend_schema(parameters=LIST_PARAMS)
+    @extend_schema(parameters=[s.RequestFilterSerializer])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
@@ -98,19 +83,23 @@ def _cancel(queryset):
 
 
 class RequestCancel(APIView):
-    @extend_schema(request=None, responses=s.CancelResultSerializer)
+    @extend_schema(request=None, responses=s.CancelResultSerializer, operation_id="v1_requests_cancel_one")
     def post(self, request, pk):
         req = get_object_or_404(selectors.visible_requests(request.user), pk=pk)
-        return _cancel(selectors.visible_requests(request.user).filter(pk=req.pk))
+        if req.user_id != request.user.id and not selectors.may_change_all(request.user):
+            raise exceptions.PermissionDenied("you may see this request but not cancel it: cancelling another "
+                                              "user's request needs the change permission on restore requests")
+        return _cancel(selectors.cancellable_requests(request.user).filter(pk=req.pk))
 
 
 class RequestCancelMany(APIView):
     @extend_schema(request=s.IdsSerializer, responses=s.CancelResultSerializer,
-                   description="Cancel several requests; ids that are not yours or not active are skipped.")
+                   description="Cancel several requests; ids that are not yours (unless you hold the change "
+                               "permission on restore requests) or not active are skipped.")
     def post(self, request):
         form = s.IdsSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        return _cancel(selectors.visible_requests(request.user).filter(pk__in=form.validated_data["ids"]))
+        return _cancel(selectors.cancellable_requests(request.user).filter(pk__in=form.validated_data["ids"]))
 
 
 class BulkList(generics.ListAPIView):
@@ -122,6 +111,7 @@ class BulkList(generics.ListAPIView):
 
 
 class BulkDetail(APIView):
+    @extend_schema(responses=s.BulkDetailSerializer)
     def get(self, request, pk):
         bulk = get_object_or_404(selectors.visible_bulks(request.user).select_related("user"), pk=pk)
         body = s.BulkSerializer(bulk).data
@@ -134,10 +124,14 @@ class BulkCancel(APIView):
     @extend_schema(request=None, responses=s.CancelResultSerializer)
     def post(self, request, pk):
         bulk = get_object_or_404(selectors.visible_bulks(request.user), pk=pk)
+        if bulk.user_id != request.user.id and not selectors.may_change_all(request.user):
+            raise exceptions.PermissionDenied("you may see this submission but not cancel it: cancelling another "
+                                              "user's requests needs the change permission on restore requests")
         return _cancel(selectors.bulk_requests(bulk))
 
 
 class Summary(APIView):
+    @extend_schema(responses=s.SummarySerializer)
     def get(self, request):
         return Response(selectors.queue_summary(user=request.user))
 
@@ -146,5 +140,23 @@ class StagerHealthView(APIView):
     """The stager's health (healthy, stalled, down), the adaptive jobs-in-flight limit, the
     retry queue and quarantined tapes."""
 
+    @extend_schema(responses=s.StagerHealthSerializer)
     def get(self, request):
         return Response(selectors.stager_health())
+
+
+class NotFoundView(APIView):
+    """Any other address under the API: a 404 in the API's error format, not an HTML page."""
+
+    permission_classes = [AllowAny]
+    authentication_classes = []
+    schema = None  # not an operation of the API
+
+    def dispatch(self, request, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+        self.request = self.initialize_request(request, *args, **kwargs)
+        self.headers = self.default_response_headers
+        response = self.handle_exception(exceptions.NotFound(
+            f"nothing at {request.path}: see /api/docs/ for the API's addresses"))
+        self.response = self.finalize_response(self.request, response, *args, **kwargs)
+        return self.response

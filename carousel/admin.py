@@ -10,7 +10,8 @@ from django.utils import timezone
 from . import services
 from .tasks import withdraw_on_commit
 from .models import (
-    Account, Bulk, Control, FileLocation, GroupShare, Job, RestoreRequest, RetryQueue, StagerHealth, Tape, Transition,
+    Account, Bulk, Control, FileLocation, GroupShare, Job, PathPrefix, RestoreRequest, RetryQueue, StagerHealth, Tape,
+    Transition,
 )
 
 
@@ -35,9 +36,23 @@ class CarouselUserAdmin(UserAdmin):
     inlines = [AccountInline]
 
 
+class PathPrefixInline(admin.TabularInline):
+    model = PathPrefix
+    extra = 1
+    verbose_name_plural = ("path prefixes: what the group may restore (with the group-prefixes path "
+                           "authorisation) and where its files may be delivered")
+
+
 @admin.register(Group)
 class CarouselGroupAdmin(GroupAdmin):
-    inlines = [GroupShareInline]
+    inlines = [GroupShareInline, PathPrefixInline]
+
+
+@admin.register(PathPrefix)
+class PathPrefixAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "group", "purpose"]
+    list_filter = ["purpose", "group"]
+    search_fields = ["prefix", "group__name"]
 
 
 class ControlForm(forms.ModelForm):
@@ -110,14 +125,15 @@ class RestoreRequestAdmin(admin.ModelAdmin):
     # A million rows: count with an estimate-free but cheap query, never the full changelist count.
     show_full_result_count = False
 
-    @admin.action(description="Cancel the selected requests")
+    # Actions change rows: they need the change permission, as the edit form does.
+    @admin.action(description="Cancel the selected requests", permissions=["change"])
     def cancel(self, request, queryset):
         count, pairs = services.request_cancel(queryset=queryset, now=timezone.now(),
                                                reason=f"cancelled by operator {request.user}")
         withdraw_on_commit(pairs)
         self.message_user(request, f"{count} request(s) cancelled.", messages.SUCCESS)
 
-    @admin.action(description="Retry now (failed or waiting requests go back to the queue)")
+    @admin.action(description="Retry now (failed or waiting requests go back to the queue)", permissions=["change"])
     def retry_now(self, request, queryset):
         count = services.request_retry_now(queryset=queryset, now=timezone.now())
         self.message_user(request, f"{count} request(s) queued again.", messages.SUCCESS)
@@ -144,7 +160,7 @@ class TapeAdmin(admin.ModelAdmin):
     readonly_fields = ["recent_failures", "failures_since"]
     actions = ["lift_quarantine"]
 
-    @admin.action(description="Lift the quarantine (the tapes' requests go out again)")
+    @admin.action(description="Lift the quarantine (the tapes' requests go out again)", permissions=["change"])
     def lift_quarantine(self, request, queryset):
         count = services.tape_lift_quarantine(queryset=queryset)
         self.message_user(request, f"{count} tape(s) back in service.", messages.SUCCESS)
@@ -192,10 +208,14 @@ class RetryQueueAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).filter(state="retry")
 
-    @admin.action(description="Retry now")
+    @admin.action(description="Retry now", permissions=["retry"])
     def retry_now(self, request, queryset):
         count = services.request_retry_now(queryset=queryset, now=timezone.now())
         self.message_user(request, f"{count} request(s) queued again.", messages.SUCCESS)
+
+    def has_retry_permission(self, request):
+        # The list itself is read-only; retrying changes restore requests.
+        return request.user.has_perm("carousel.change_restorerequest")
 
     def has_add_permission(self, request):
         return False
@@ -221,16 +241,24 @@ class BulkAdmin(admin.ModelAdmin):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
+    """Jobs are the loop's: shown, never edited by hand (a changed state or chain would
+    contradict what the stager was told)."""
+
     list_display = ["id", "tape", "state", "chain", "files", "estimate_s", "jumps_queue", "after", "backend_id",
                     "created_at", "sent_at", "progress_at", "overdue_at"]
     list_filter = ["state", "jumps_queue"]
     raw_id_fields = ["tape", "after"]
     actions = ["give_up"]
-
-    def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in self.model._meta.fields]  # the loop's rows: changed through the action only
+    show_full_result_count = False
 
     def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        # The give-up action needs the change permission; one job's form never saves.
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
     @admin.action(description="Give up on the selected jobs (unfinished files back to the queue)",

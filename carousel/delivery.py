@@ -86,7 +86,8 @@ class LocalCopy(Delivery):
 
 
 class SiteCommand(Delivery):
-    """A site's program: `<command...> SOURCE DESTINATION`. Exit 0: delivered; exit 2: the
+    """A site's program: `<command...> -- SOURCE DESTINATION`, both absolute paths; the `--`
+    ends the options, so no path can be read as one. Exit 0: delivered; exit 2: the
     destination is refused (a user error, not retried); anything else: a delivery failure,
     retried on the retry cycle. The file system key is the destination's first two path
     components (/gpfs/star) unless the site names a `filesystem_depth`."""
@@ -101,7 +102,7 @@ class SiteCommand(Delivery):
 
     def deliver(self, source, destination):
         try:
-            done = subprocess.run([*self.command, source, destination], capture_output=True, text=True,
+            done = subprocess.run([*self.command, "--", source, destination], capture_output=True, text=True,
                                   timeout=self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise DeliveryError(f"delivery command failed: {exc}") from exc

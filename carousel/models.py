@@ -553,3 +553,46 @@ class HourlyStats(models.Model):
 
     class Meta:
         verbose_name_plural = "hourly stats"
+
+
+class PathPrefix(models.Model):
+    """A part of the namespace granted to a group: to restore from (read by the shipped path
+    authorisation plugin, carousel.authz.GroupPrefixes) or to deliver restored files into
+    (destination roots, always checked). Prefixes match whole path components."""
+
+    class Purpose(models.TextChoices):
+        RESTORE = "restore", "restore files under it"
+        DESTINATION = "destination", "deliver restored files into it"
+
+    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="path_prefixes")
+    prefix = models.CharField(max_length=1024, help_text="An absolute path: /star/data covers /star/data/x, "
+                                                         "not /star/data2; / covers everything.")
+    purpose = models.CharField(max_length=16, choices=Purpose.choices, default=Purpose.RESTORE)
+
+    class Meta:
+        verbose_name = "path prefix"
+        verbose_name_plural = "path prefixes"
+        constraints = [models.UniqueConstraint(fields=["group", "purpose", "prefix"], name="pathprefix_unique")]
+        ordering = ["group", "purpose", "prefix"]
+
+    def __str__(self):
+        return f"{self.group}: {self.get_purpose_display()} {self.prefix}"
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        from .paths import normalise_prefix
+
+        prefix, message = normalise_prefix(self.prefix or "")
+        if message:
+            raise ValidationError({"prefix": message})
+        self.prefix = prefix
+
+    def save(self, *args, **kwargs):
+        from .paths import normalise_prefix
+
+        prefix, message = normalise_prefix(self.prefix or "")
+        if message:
+            raise ValueError(f"prefix {self.prefix!r}: {message}")
+        self.prefix = prefix
+        super().save(*args, **kwargs)

@@ -44,9 +44,25 @@ def delivery():
     return cls(**settings.CAROUSEL_DELIVERY_OPTIONS)
 
 
+@functools.cache
+def path_authorization():
+    """The configured path authorisation (carousel/authz.py): a name in the registry, or a
+    dotted path."""
+    from django.conf import settings
+
+    name = settings.CAROUSEL_PATH_AUTHORIZATION
+    if name not in settings.CAROUSEL_PATH_AUTHORIZATIONS and "." in name:
+        try:
+            return import_string(name)()
+        except ImportError as exc:
+            raise PluginError(f"CAROUSEL_PATH_AUTHORIZATION = {name!r} does not import: {exc}") from exc
+    return resolve("CAROUSEL_PATH_AUTHORIZATIONS", name)()
+
+
 @receiver(setting_changed)
 def _reset(setting, **kwargs):
     if setting.startswith("CAROUSEL_"):
         resolve.cache_clear()
         stager.cache_clear()
         delivery.cache_clear()
+        path_authorization.cache_clear()

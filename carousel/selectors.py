@@ -12,15 +12,32 @@ from .models import (
 S = RequestState
 
 
+# Operators' powers follow Django's permissions, never is_staff alone (a staff account may
+# hold no permission at all): the view permission on a model shows everyone's rows, the
+# change permission on restore requests lets one cancel anyone's.
+def may_view_all(user, model="restorerequest"):
+    return user.has_perm(f"carousel.view_{model}") or user.has_perm(f"carousel.change_{model}")
+
+
+def may_change_all(user):
+    return user.has_perm("carousel.change_restorerequest")
+
+
 def visible_requests(user):
-    """The requests a user may see and act on: their own; staff see all."""
+    """The requests a user may see: their own; with the view permission, everyone's."""
     qs = RestoreRequest.objects.all()
-    return qs if user.is_staff else qs.filter(user=user)
+    return qs if may_view_all(user) else qs.filter(user=user)
+
+
+def cancellable_requests(user):
+    """The requests a user may cancel: their own; with the change permission, everyone's."""
+    qs = RestoreRequest.objects.all()
+    return qs if may_change_all(user) else qs.filter(user=user)
 
 
 def visible_bulks(user):
     qs = Bulk.objects.all()
-    return qs if user.is_staff else qs.filter(user=user)
+    return qs if may_view_all(user, "bulk") else qs.filter(user=user)
 
 
 def request_list(*, user, **filters):

@@ -1,21 +1,25 @@
 """Writes of the core domain. Views, tasks and commands call these and hold no logic."""
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 
 from . import db
-from .exceptions import InvalidSubmission, QueueCeilingReached
+from .exceptions import InvalidSubmission, NotAllowed, QueueCeilingReached
 from .models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
     ErrorClass, RequestState, RestoreRequest, StagerCall, path_key,
 )
-from .paths import validate_paths
+from .paths import PathError, check_destination, check_path, validate_paths
 
 S = RequestState
 MAX_LISTED_ERRORS = 1000
+# A pin holds disk space: it must end, and within a year (DataCarousel's pins were days).
+MIN_PIN_LIFETIME = timedelta(seconds=1)
+MAX_PIN_LIFETIME = timedelta(days=365)
 
 
 def request_transition(queryset, to, *, now, **fields):
@@ -68,6 +72,10 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         raise InvalidSubmission("priority must be an integer from 0 to 3")
     if deadline is not None and deadline <= now:
         raise InvalidSubmission("deadline is in the past")
+    if pin_lifetime is not None and not MIN_PIN_LIFETIME <= pin_lifetime <= MAX_PIN_LIFETIME:
+        raise InvalidSubmission(f"pin_lifetime must be from {MIN_PIN_LIFETIME} to {MAX_PIN_LIFETIME.days} days")
+    destination = _allowed_destination(user, destination or "")
+    _check_authorised(user, paths, clean)
 
     keys = [path_key(p) for p in clean]
     with transaction.atomic():
@@ -118,6 +126,34 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         db.insert_rows(BulkItem, ("bulk_id", "request_id"), ((bulk.id, ids_by_key[k]) for k in keys), ids=False)
     shared = sum(1 for _, k in new if k in in_flight)
     return SubmitResult(bulk=bulk, files=len(clean), created=len(new), existing=len(own), shared=shared)
+
+
+def _allowed_destination(user, destination):
+    from .authz import destination_refused
+
+    destination, message = check_destination(destination, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
+    if message:
+        raise InvalidSubmission(f"destination: {message}")
+    refused = destination_refused(user=user, destination=destination)
+    if refused:
+        raise NotAllowed(f"destination: {refused}; nothing was stored.")
+    return destination
+
+
+def _check_authorised(user, paths, clean):
+    """The path authorisation plugin's word on the whole submission; refused paths are listed
+    with their lines as the user gave them."""
+    from .authz import paths_refused
+
+    refused = paths_refused(user=user, paths=clean, action="restore")
+    if refused:
+        first_index = {}  # normalised path -> its first line in the submission
+        for index, raw in enumerate(paths):
+            first_index.setdefault(check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)[0], index)
+        listed = [PathError(first_index.get(path, index), path, reason).as_dict()
+                  for index, path, reason in refused[:MAX_LISTED_ERRORS]]
+        raise NotAllowed(f"you may not restore {len(refused)} of the {len(clean)} paths; nothing was stored.",
+                         errors=listed)
 
 
 def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCELLED):

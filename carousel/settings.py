@@ -82,7 +82,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# The submit endpoint takes 100,000 paths in one body (about 10 MB of JSON).
+# The largest body the API and the pages read (past it: 413 in the API's error format). The
+# submit endpoint takes 100,000 paths in one body: 64 MiB fits 100,000 paths of 600 bytes each
+# (archive paths are 60-200 bytes; a path may be up to 4096 bytes, but 100,000 of those would be
+# 410 MB held in a web worker's memory: split such a list into several submissions).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
 
 AUTH_PASSWORD_VALIDATORS = []
@@ -113,6 +116,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    # JSON only, with a body limit, a depth limit and text that is text (api/parsers.py).
+    "DEFAULT_PARSER_CLASSES": ["api.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": None,
 }
 
@@ -124,6 +129,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Every operation's error answers, with the error body (api/schema.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.schema.add_error_responses"],
 }
 
 # Celery: Redis when REDIS_URL is set, else kombu's filesystem transport under var/.
@@ -183,6 +190,17 @@ CAROUSEL_DELIVERIES = {
 }
 CAROUSEL_DELIVERY = os.environ.get("CAROUSEL_DELIVERY", "none")
 CAROUSEL_DELIVERY_OPTIONS = json.loads(os.environ.get("CAROUSEL_DELIVERY_OPTIONS") or "{}")
+
+# Who may restore what (carousel/authz.py): "allow-all", "group-prefixes" (a group's path
+# prefixes, edited in the admin), or a site's class as a dotted path.
+CAROUSEL_PATH_AUTHORIZATIONS = {
+    "allow-all": "carousel.authz.AllowAll",
+    "group-prefixes": "carousel.authz.GroupPrefixes",
+}
+CAROUSEL_PATH_AUTHORIZATION = os.environ.get("CAROUSEL_PATH_AUTHORIZATION", "allow-all")
+# Where restored files may be delivered, for everyone (colon-separated absolute paths); groups
+# get more in the admin. Empty, and no group roots: destinations are refused.
+CAROUSEL_DESTINATION_ROOTS = [p for p in os.environ.get("CAROUSEL_DESTINATION_ROOTS", "").split(":") if p]
 
 # Limits of one submission.
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))

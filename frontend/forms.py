@@ -90,7 +90,16 @@ class RequestFilter(forms.Form):
         return [state] if state else None
 
 
+MAX_ID = 2**63 - 1  # ids are bigints
+
+
 def parse_ids(values):
-    """Request ids from form values, ignoring anything that is not one."""
-    return [int(v) for v in values if v.isdigit()]
+    """Request ids from form values; ValueError naming the first value that is not one
+    (str.isdigit alone would let '²' through to int())."""
+    ids = []
+    for value in values:
+        if not (value.isascii() and value.isdigit() and len(value) <= 19 and 1 <= int(value) <= MAX_ID):
+            raise ValueError(f"{value[:30]!r} is not a request id")
+        ids.append(int(value))
+    return ids
 

@@ -1,6 +1,10 @@
 """The pages. Views read a form, call a service or a selector, and render; nothing more."""
+import copy
+from dataclasses import replace
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
@@ -11,7 +15,7 @@ from django_htmx.http import HttpResponseStopPolling
 
 from carousel import selectors, services
 from carousel.exceptions import CarouselError
-from carousel.models import ACTIVE_STATES
+from carousel.models import ACTIVE_STATES, RestoreRequest, path_key
 from carousel.tasks import withdraw_on_commit
 
 from . import charts
@@ -51,9 +55,12 @@ def _with(query, **params):
 @login_required
 @require_POST
 def cancel(request):
-    ids = parse_ids(request.POST.getlist("cancel_one") or request.POST.getlist("ids"))
+    try:
+        ids = parse_ids(request.POST.getlist("cancel_one") or request.POST.getlist("ids"))
+    except ValueError as exc:
+        return HttpResponseBadRequest(f"Nothing cancelled: {exc}.", content_type="text/plain; charset=utf-8")
     if ids:
-        count, pairs = services.request_cancel(queryset=selectors.visible_requests(request.user).filter(pk__in=ids),
+        count, pairs = services.request_cancel(queryset=selectors.cancellable_requests(request.user).filter(pk__in=ids),
                                                now=timezone.now())
         withdraw_on_commit(pairs)
         messages.success(request, f"{count} request(s) cancelled." if count else
@@ -93,15 +100,41 @@ def restore(request):
     return redirect(f"{reverse('frontend:requests')}?bulk={result.bulk.id}")
 
 
-def _live_context():
-    figures = selectors.live_figures(now=timezone.now())
+def _for_viewer(figures, user):
+    """What a user may see of the live page. Operators (the view permission on restore
+    requests, as in the API) see it all. Everyone else sees the aggregates (policies, the
+    stager's health, counts per group, jobs per tape, the plots) and, of what names people or
+    files, only their own: their own row of the per-user table, and the file a drive reads only
+    when it is one of theirs. Other users' names and paths are not shown."""
+    if selectors.may_view_all(user):
+        return figures, True
+    users = [u for u in figures.users if u["username"] == user.get_username()]
+    drives = figures.stager.get("drives") or []
+    files = {d["file"] for d in drives if d.get("file")}
+    mine = set()
+    if files:
+        keys = {path_key(f): f for f in files}
+        mine = {keys[k] for k in RestoreRequest.objects.filter(user=user, path_key__in=list(keys),
+                                                                state__in=ACTIVE_STATES)
+                .values_list("path_key", flat=True)}
+    shown = [d if d.get("file") in mine else {**d, "file": "", "hidden_file": bool(d.get("file"))} for d in drives]
+    stager = {**figures.stager, "drives": shown}
+    control = figures.control
+    if control.last_cycle_error:  # an exception's text can name any user's path
+        control = copy.copy(control)
+        control.last_cycle_error = "an error (shown to operators)"
+    return replace(figures, users=users, stager=stager, control=control), False
+
+
+def _live_context(user):
+    figures, operator = _for_viewer(selectors.live_figures(now=timezone.now()), user)
     hours = [row["hour"].strftime("%H:00") for row in figures.series]
 
     def series(key):
         return [row[key] for row in figures.series]
 
     return {
-        "f": figures, "poll_s": LIVE_POLL_S, "jobs_shown": selectors.JOBS_SHOWN,
+        "f": figures, "operator": operator, "poll_s": LIVE_POLL_S, "jobs_shown": selectors.JOBS_SHOWN,
         "charts": [charts.bar_chart("Files restored per hour", hours, series("files")),
                    charts.bar_chart("Bytes restored per hour", hours, series("bytes"), fmt=filesizeformat),
                    charts.bar_chart("Mounts per hour", hours, series("mounts")),
@@ -111,10 +144,10 @@ def _live_context():
 
 @login_required
 def live(request):
-    return render(request, "frontend/live.html", _live_context())
+    return render(request, "frontend/live.html", _live_context(request.user))
 
 
 def live_fragment(request):
     if not request.user.is_authenticated:
         return HttpResponseStopPolling()  # the session ended: stop polling instead of swapping in a login page
-    return render(request, "frontend/_live.html", _live_context())
+    return render(request, "frontend/_live.html", _live_context(request.user))

@@ -64,9 +64,25 @@ def charlie(db):
     return make_user("charlie", "production")
 
 
+def grant_operator_permissions(user):
+    """An operator's powers are Django permissions (view and change on Carousel's models), not
+    is_staff: the API and the admin follow them."""
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="carousel",
+                                                         codename__regex=r"^(view|change)_"))
+    return user
+
+
 @pytest.fixture
 def operator(db):
-    return make_user("operator", "production", staff=True)
+    return grant_operator_permissions(make_user("operator", "production", staff=True))
+
+
+@pytest.fixture
+def staffer(db):
+    """A staff account holding no permission at all: it may log in to the admin, nothing more."""
+    return make_user("staffer", "production", staff=True)
 
 
 def client_for(user):

@@ -10,6 +10,12 @@ from carousel.services import restore_submit
 from tests.test_backpressure import Backend, control
 
 
+@pytest.fixture(autouse=True)
+def _destination_root(settings, tmp_path):
+    # The operator allows deliveries under the test's directory (carousel/authz.py).
+    settings.CAROUSEL_DESTINATION_ROOTS = [str(tmp_path)]
+
+
 @pytest.fixture
 def copying(settings):
     settings.CAROUSEL_DELIVERY = "copy"

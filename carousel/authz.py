@@ -1,0 +1,83 @@
+"""Who may restore what, and deliver where.
+
+Path authorisation is a plugin, resolved like the stagers (carousel/plugins.py): the setting
+CAROUSEL_PATH_AUTHORIZATION names an entry of CAROUSEL_PATH_AUTHORIZATIONS (or is a dotted
+path itself). `services.restore_submit` asks it, so every front door (the API, the web form,
+the Tape REST door) gets the same answer. Shipped:
+
+- `allow-all` (the default): anyone may restore any path;
+- `group-prefixes`: a user may restore a path under a prefix granted to one of their groups
+  (PathPrefix rows with purpose "restore", edited in the admin under each group); the grid
+  door maps token groups onto the same Django groups, so one table decides for both.
+
+Destinations are not a plugin: a destination is always checked (destination_refused), since
+the worker writes there with its own rights. It must lie under a root the operator allows to
+everyone (CAROUSEL_DESTINATION_ROOTS) or to one of the user's groups (PathPrefix rows with
+purpose "destination"). With no root configured, no destination is accepted."""
+from django.conf import settings
+from django.db.models import Q
+
+from . import plugins
+from .models import PathPrefix
+from .paths import under_any
+
+RESTORE = "restore"
+RELEASE = "release"
+
+
+class PathAuthorization:
+    """A site's rule. `refused` returns [(index, path, reason)] for the paths of `paths` that
+    `user` may not act on with `action` ("restore", "release"); [] allows them all. It is called
+    with a whole submission (up to 100,000 paths): read what it needs once, not per path."""
+
+    def refused(self, *, user, paths, action):
+        raise NotImplementedError
+
+
+class AllowAll(PathAuthorization):
+    def refused(self, *, user, paths, action):
+        return []
+
+
+def group_prefixes(user, purpose):
+    """The prefixes granted to the user's groups (its memberships and its share group)."""
+    if user is None or not user.is_authenticated:
+        return set()
+    return set(PathPrefix.objects.filter(Q(group__user=user) | Q(group__account__user=user), purpose=purpose)
+               .values_list("prefix", flat=True))
+
+
+class GroupPrefixes(PathAuthorization):
+    """A path may be restored (or released) when it is under a prefix granted to one of the
+    user's groups; whole components only."""
+
+    def refused(self, *, user, paths, action):
+        prefixes = group_prefixes(user, PathPrefix.Purpose.RESTORE)
+        if not prefixes:
+            reason = "none of your groups may restore anything: ask an operator for a path prefix"
+            return [(i, p, reason) for i, p in enumerate(paths)]
+        return [(i, p, "not under a prefix your groups may restore from") for i, p in enumerate(paths)
+                if not under_any(p, prefixes)]
+
+
+def paths_refused(*, user, paths, action=RESTORE):
+    """[(index, path, reason)] for the paths `user` may not act on, by the configured plugin."""
+    return plugins.path_authorization().refused(user=user, paths=paths, action=action)
+
+
+def destination_roots(user):
+    roots = {r.rstrip("/") or "/" for r in settings.CAROUSEL_DESTINATION_ROOTS}
+    return roots | group_prefixes(user, PathPrefix.Purpose.DESTINATION)
+
+
+def destination_refused(*, user, destination):
+    """None when `user` may have files delivered to the (normalised) `destination`; else why not."""
+    if not destination:
+        return None
+    roots = destination_roots(user)
+    if not roots:
+        return "no destination root is configured for you: leave the destination empty, or ask an operator"
+    if under_any(destination, roots):
+        return None
+    shown = ", ".join(sorted(roots)[:10])
+    return f"{destination[:200]} is not under a destination root you may deliver to ({shown})"

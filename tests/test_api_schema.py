@@ -1,0 +1,77 @@
+"""The schema says what the API does: nullable fields are nullable, and every error answer an
+operation can give is documented with the error body that comes back."""
+import jsonschema
+import pytest
+
+from carousel.services import restore_submit
+
+
+@pytest.fixture
+def schema(client):
+    r = client.get("/api/schema/", {"format": "json"})
+    assert r.status_code == 200
+    return r.json()
+
+
+def operations(schema):
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            if isinstance(op, dict) and "responses" in op:
+                yield path, method, op
+
+
+def error_schema(schema):
+    return schema["components"]["schemas"]["Error"]
+
+
+def test_tape_is_documented_nullable_and_comes_back_null(schema, as_alice, alice, now):
+    restore_submit(user=alice, now=now, paths=["/a"])
+    assert as_alice.get("/api/v1/requests/").json()["results"][0]["tape"] is None
+    assert schema["components"]["schemas"]["Request"]["properties"]["tape"]["nullable"] is True
+
+
+def test_every_operation_documents_its_error_answers(schema):
+    seen = 0
+    for path, method, op in operations(schema):
+        codes = set(op["responses"])
+        assert {"401", "403", "429"} <= codes, (path, method)
+        if "{" in path:
+            assert "404" in codes, (path, method)
+        if op.get("requestBody") or any(p["in"] == "query" for p in op.get("parameters", [])):
+            assert "400" in codes, (path, method)
+        if op.get("requestBody"):
+            assert "413" in codes, (path, method)
+        for code in codes - {"200", "201"}:
+            ref = op["responses"][code]["content"]["application/json"]["schema"]["$ref"]
+            assert ref == "#/components/schemas/Error"
+        seen += 1
+    assert seen >= 9
+
+
+def test_every_documented_operation_has_a_typed_answer(schema):
+    for path, method, op in operations(schema):
+        ok = op["responses"].get("200") or op["responses"].get("201")
+        assert "content" in ok, f"{method} {path}: the answer has no schema"
+
+
+@pytest.mark.parametrize("call,status", [
+    (lambda c: c.get("/api/v1/requests/", {"until": ""}), 400),
+    (lambda c: c.post("/api/v1/requests/", {"paths": ["rel"]}, format="json"), 400),
+    (lambda c: c.post("/api/v1/requests/", {"paths": ["/a"], "colour": 1}, format="json"), 400),
+    (lambda c: c.generic("POST", "/api/v1/requests/", "{", content_type="application/json"), 400),
+    (lambda c: c.get("/api/v1/requests/123456/"), 404),
+    (lambda c: c.get("/api/v1/requests/abc/"), 404),
+    (lambda c: c.post("/api/v1/bulks/00000000-0000-0000-0000-000000000000/cancel/"), 404),
+    (lambda c: c.generic("POST", "/api/v1/requests/", "paths=/a", content_type="application/x-www-form-urlencoded"),
+     415),
+])
+def test_error_answers_match_the_documented_error_body(schema, as_alice, call, status):
+    r = call(as_alice)
+    assert r.status_code == status, r.content
+    jsonschema.validate(r.json(), error_schema(schema))
+
+
+def test_an_unauthenticated_call_answers_the_documented_error_body(schema, client):
+    r = client.get("/api/v1/requests/")
+    assert r.status_code == 401
+    jsonschema.validate(r.json(), error_schema(schema))

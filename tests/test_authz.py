@@ -1,0 +1,82 @@
+"""Path authorisation: a plugin named in settings decides who may restore what; the shipped
+one grants groups path prefixes (whole components). Every door goes through restore_submit."""
+import pytest
+from django.contrib.auth.models import Group
+
+from carousel.authz import PathAuthorization, paths_refused
+from carousel.exceptions import NotAllowed
+from carousel.models import Bulk, PathPrefix, RestoreRequest
+from carousel.services import restore_submit
+
+URL = "/api/v1/requests/"
+
+
+class OnlyUnderAlice(PathAuthorization):
+    """A site's own rule, named by its dotted path."""
+
+    def refused(self, *, user, paths, action):
+        return [(i, p, "only /alice/") for i, p in enumerate(paths) if not p.startswith("/alice/")]
+
+
+def nothing_stored():
+    return RestoreRequest.objects.count() == 0 and Bulk.objects.count() == 0
+
+
+@pytest.fixture
+def by_group(settings, alice, charlie):
+    settings.CAROUSEL_PATH_AUTHORIZATION = "group-prefixes"
+    PathPrefix.objects.create(group=Group.objects.get(name="analysis"), prefix="/star/analysis")
+    PathPrefix.objects.create(group=Group.objects.get(name="production"), prefix="/star/")
+
+
+def test_by_default_anyone_may_restore_anything(as_alice):
+    assert as_alice.post(URL, {"paths": ["/anything/at/all"]}, format="json").status_code == 201
+
+
+def test_group_prefixes_refuse_paths_outside_the_groups_prefixes_listing_them(as_alice, by_group):
+    r = as_alice.post(URL, {"paths": ["/star/analysis/a", "/star/analysis2/b", "//star/production/c",
+                                      "/star/analysis"]}, format="json")
+    assert r.status_code == 403, r.content
+    body = r.json()
+    assert body["code"] == "permission_denied" and "2 of the 4 paths" in body["detail"]
+    assert [(e["line"], e["path"]) for e in body["errors"]] == [(2, "/star/analysis2/b"),
+                                                               (3, "/star/production/c")]
+    assert all("not under a prefix" in e["message"] for e in body["errors"])
+    assert nothing_stored()
+
+
+def test_group_prefixes_allow_what_the_group_was_granted(as_alice, alice, charlie, now, by_group):
+    assert as_alice.post(URL, {"paths": ["/star/analysis/a", "/star/analysis/sub/b"]}, format="json").status_code == 201
+    restore_submit(user=charlie, now=now, paths=["/star/analysis/a", "/star/production/c"])
+    assert RestoreRequest.objects.count() == 4
+
+
+def test_a_user_whose_groups_have_no_prefix_may_restore_nothing(bob, now, settings):
+    settings.CAROUSEL_PATH_AUTHORIZATION = "group-prefixes"
+    with pytest.raises(NotAllowed, match="may not restore 1 of the 1"):
+        restore_submit(user=bob, now=now, paths=["/a"])
+    assert paths_refused(user=bob, paths=["/a"])[0][2].startswith("none of your groups")
+
+
+def test_the_web_form_gets_the_same_answer(client, alice, by_group):
+    client.force_login(alice)
+    r = client.post("/restore/", {"paths": "/star/analysis/a\n\n/elsewhere/b"})
+    assert r.status_code == 403
+    html = r.content.decode()
+    assert "/elsewhere/b" in html and "not under a prefix" in html
+    assert nothing_stored()
+
+
+def test_a_site_plugin_is_named_by_its_dotted_path(as_alice, settings):
+    settings.CAROUSEL_PATH_AUTHORIZATION = "tests.test_authz.OnlyUnderAlice"
+    assert as_alice.post(URL, {"paths": ["/alice/x"]}, format="json").status_code == 201
+    r = as_alice.post(URL, {"paths": ["/alice/y", "/bob/x"]}, format="json")
+    assert r.status_code == 403 and r.json()["errors"][0]["path"] == "/bob/x"
+
+
+def test_a_plugin_name_that_is_not_registered_says_so(alice, settings, now):
+    from carousel.plugins import PluginError
+
+    settings.CAROUSEL_PATH_AUTHORIZATION = "nobody-knows"
+    with pytest.raises(PluginError, match="CAROUSEL_PATH_AUTHORIZATIONS"):
+        restore_submit(user=alice, now=now, paths=["/a"])
