@@ -141,6 +141,17 @@ else:
         "store_processed": False,
     }
 CELERY_TASK_IGNORE_RESULT = True
+
+# One cache shared by every process (web workers, Celery): the API's throttles count in it and
+# the Tape REST door keeps the issuers' keys in it. Redis when REDIS_URL is set; else files
+# under var/, which every process of the embedded default sees (a per-process memory cache
+# would let each gunicorn worker count its own throttle).
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": "carousel"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+                          "LOCATION": str(VAR_DIR / "cache")}}
 # Cancels and releases never wait behind a cycle, and copies to users' file systems (which can
 # take minutes) never hold a cycle back: each kind has its queue, and production gives each a
 # worker of its own (docker-compose.yml). `make run`'s single worker consumes all three.
