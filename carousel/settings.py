@@ -114,6 +114,10 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "api.errors.exception_handler",
     "DEFAULT_PAGINATION_CLASS": None,
+    # Per account, counted in the shared cache (api/throttles.py); past the rate: 429 with
+    # Retry-After. A rate is "<count>/<second|minute|hour|day>".
+    "DEFAULT_THROTTLE_CLASSES": ["api.throttles.AccountRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"account": os.environ.get("CAROUSEL_THROTTLE_RATE", "1200/minute")},
 }
 
 SPECTACULAR_SETTINGS = {
