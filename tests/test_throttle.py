@@ -48,7 +48,7 @@ def test_the_count_is_shared_by_every_process(three_a_minute, alice, as_alice):
     for _ in range(3):
         assert as_alice.get(SUMMARY).status_code == 200
     assert client_for(alice).get(SUMMARY).status_code == 429
-    keys = [k for k in cache._cache.get_client().keys("*throttle_account_*")]
+    keys = cache._cache.get_client().keys(f"*throttle_account_{alice.pk}_*")
     assert len(keys) == 1 and int(cache._cache.get_client().get(keys[0])) == 4
 
 
