@@ -412,7 +412,7 @@ class RestoreRequest(models.Model):
             models.Index(fields=["user", "state", "created_at"], name="request_user_state_age"),
             # The list's tape filter. Partial: a submission's new rows have no tape yet, so
             # they cost this index nothing.
-            models.Index(fields=["tape", "id"], name="request_tape", condition=Q(tape__isnull=False)),
+            models.Index(fields=["tape", "user"], name="request_tape", condition=Q(tape__isnull=False)),
             models.Index(fields=["deadline"], name="request_active_deadline",
                          condition=Q(deadline__isnull=False, state__in=ACTIVE_STATES)),
             models.Index(fields=["retry_at"], name="request_retry_due", condition=Q(state=S.RETRY)),

@@ -25,7 +25,8 @@ def visible_bulks(user):
 
 
 def request_list(*, user, **filters):
-    return filter_requests(visible_requests(user).select_related("tape"), **filters)
+    # The serializer shows each request's user and tape: joined, not a query per row.
+    return filter_requests(visible_requests(user).select_related("tape", "user"), **filters)
 
 
 def filter_requests(qs, *, state=None, bulk=None, tape=None, since=None, until=None, path=None):

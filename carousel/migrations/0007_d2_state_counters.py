@@ -5,7 +5,8 @@ can make them drift.
 
 Also the indexes of the API's list filters: state (user, state, created_at), tape (partial:
 submitted rows have no tape yet), since/until (a BRIN index on created_at, which follows
-insertion order: a few pages, and next to nothing per inserted row, unlike a btree).
+insertion order: a few pages, and next to nothing per inserted row, unlike a btree), path
+(PostgreSQL: a trigram index, pg_trgm; SQLite has none that serves "contains").
 
 SQLite: this migration adds indexes and a table; it does not rebuild carousel_restorerequest,
 so the triggers of 0002-0004 and the index of 0006 stay."""
@@ -56,13 +57,17 @@ END $$;
 CREATE TRIGGER carousel_state_counts_{op} AFTER {op.upper()} ON carousel_restorerequest
 REFERENCING {referencing} FOR EACH STATEMENT EXECUTE FUNCTION carousel_state_counts_{op}();""")
     out.append("CREATE INDEX request_created_brin ON carousel_restorerequest USING brin (created_at);")
+    # The list's `path` filter (contains): a trigram index. pg_trgm ships with PostgreSQL and is
+    # a trusted extension (the database's owner may create it).
+    out.append("CREATE EXTENSION IF NOT EXISTS pg_trgm;")
+    out.append("CREATE INDEX request_path_trgm ON carousel_restorerequest USING gin (path gin_trgm_ops);")
     return "\n".join(out)
 
 
 def pg_drop():
     return "\n".join([f"DROP TRIGGER IF EXISTS carousel_state_counts_{op} ON carousel_restorerequest; "
                       f"DROP FUNCTION IF EXISTS carousel_state_counts_{op}();" for op in PG_OPS]
-                     + ["DROP INDEX IF EXISTS request_created_brin;"])
+                     + ["DROP INDEX IF EXISTS request_created_brin;", "DROP INDEX IF EXISTS request_path_trgm;"])
 
 
 # SQLite: row-level triggers, one per direction of change.
@@ -144,7 +149,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='restorerequest',
-            index=models.Index(condition=models.Q(('tape__isnull', False)), fields=['tape', 'id'], name='request_tape'),
+            index=models.Index(condition=models.Q(('tape__isnull', False)), fields=['tape', 'user'], name='request_tape'),
         ),
         migrations.AddField(
             model_name='userstatecount',
