@@ -1,5 +1,6 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.relations import PKOnlyObject
 
 from django.conf import settings
 
@@ -71,7 +72,40 @@ class SubmitResultSerializer(serializers.Serializer):
     url = serializers.CharField()
 
 
-class RequestSerializer(serializers.ModelSerializer):
+class PlainFieldsFirst:
+    """Serializer.to_representation with DRF's own rules, minus its per-value look-ups for
+    fields that are a model column of the instance (no dotted source, no relation): they are
+    read with one getattr. A page of 100 requests is rendered on every poll of the list, and
+    DRF's generic attribute walk (a callable check per field per row) was most of its cost.
+    Every other field goes through DRF's get_attribute, as before."""
+
+    def _plan(self):
+        plan = getattr(self, "_fast_plan", None)
+        if plan is None:
+            columns = {f.attname for f in self.Meta.model._meta.concrete_fields if not f.is_relation}
+            plan = [(field, field.source_attrs[0] if len(field.source_attrs) == 1
+                     and field.source_attrs[0] in columns and not isinstance(field, serializers.RelatedField)
+                     else None) for field in self._readable_fields]
+            self._fast_plan = plan
+        return plan
+
+    def to_representation(self, instance):
+        ret = {}
+        for field, column in self._plan():
+            if column is not None:
+                attribute = getattr(instance, column)
+                ret[field.field_name] = None if attribute is None else field.to_representation(attribute)
+                continue
+            try:
+                attribute = field.get_attribute(instance)
+            except serializers.SkipField:
+                continue
+            check = attribute.pk if isinstance(attribute, PKOnlyObject) else attribute
+            ret[field.field_name] = None if check is None else field.to_representation(attribute)
+        return ret
+
+
+class RequestSerializer(PlainFieldsFirst, serializers.ModelSerializer):
     user = serializers.CharField(source="user.username", read_only=True)
     tape = serializers.CharField(source="tape.label", read_only=True, default=None, allow_null=True,
                                  help_text="the tape's label, null until the file is located")

@@ -310,6 +310,25 @@ class TapeBacklog(models.Model):
                                 condition=Q(files__gt=0))]
 
 
+class UserStateCount(models.Model):
+    """How many requests a user has in each state, and their known bytes: kept by database
+    triggers on every insert, update and delete of a request (migration 0007), so a poll of
+    a user's summary reads a few rows however large the user's queue."""
+
+    # No foreign key in the database, and Django leaves the rows alone when a user goes: the
+    # user's requests are deleted with it, their delete trigger brings the counts to zero and
+    # removes the rows at zero. (With a key, the trigger would write counts for a user being
+    # deleted, after Django had deleted them, and the deletion would fail.)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.DO_NOTHING, db_constraint=False,
+                             db_index=False, related_name="state_counts")
+    state = models.CharField(max_length=16, choices=RequestState.choices)
+    files = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "state"], name="userstatecount_user_state")]
+
+
 class FileLocation(models.Model):
     """Where a file lies on tape, as the stager's locate() reported it."""
 
@@ -480,7 +499,12 @@ class RestoreRequest(models.Model):
         indexes = [
             models.Index(fields=["path_key"], name="request_active_path",
                          condition=Q(state__in=ACTIVE_STATES)),
-            models.Index(fields=["user", "state"], name="request_user_state"),
+            # A user's requests in a state, newest first (the API's list); the oldest active
+            # one (the summary: one probe per active state).
+            models.Index(fields=["user", "state", "created_at"], name="request_user_state_age"),
+            # The list's tape filter. Partial: a submission's new rows have no tape yet, so
+            # they cost this index nothing.
+            models.Index(fields=["tape", "user"], name="request_tape", condition=Q(tape__isnull=False)),
             models.Index(fields=["deadline"], name="request_active_deadline",
                          condition=Q(deadline__isnull=False, state__in=ACTIVE_STATES)),
             models.Index(fields=["retry_at"], name="request_retry_due", condition=Q(state=S.RETRY)),

@@ -2,11 +2,12 @@
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from django.db import connection
 from django.db.models import Count, Max, Min, Q, Sum
 
 from .models import (
     ACTIVE_STATES, IN_FLIGHT_STATES, READY, Account, Bulk, Control, GroupShare, HealthState, Job, JobState, RequestState,
-    RestoreRequest, StagerHealth, TapeBacklog, Transition, UserBacklog,
+    RestoreRequest, StagerHealth, TapeBacklog, Transition, UserBacklog, UserStateCount,
 )
 
 S = RequestState
@@ -41,7 +42,8 @@ def visible_bulks(user):
 
 
 def request_list(*, user, **filters):
-    return filter_requests(visible_requests(user).select_related("tape"), **filters)
+    # The serializer shows each request's user and tape: joined, not a query per row.
+    return filter_requests(visible_requests(user).select_related("tape", "user"), **filters)
 
 
 def filter_requests(qs, *, state=None, bulk=None, tape=None, since=None, until=None, path=None):
@@ -69,16 +71,33 @@ def state_counts(queryset):
 
 
 def queue_summary(*, user):
-    """What a user's queue looks like now: counts per state, bytes, the oldest active request."""
-    qs = RestoreRequest.objects.filter(user=user)
-    agg = qs.aggregate(
-        bytes_done=Sum("size", filter=Q(state=RequestState.DONE)),
-        bytes_active=Sum("size", filter=Q(state__in=ACTIVE_STATES)),
-        oldest_active=Min("created_at", filter=Q(state__in=ACTIVE_STATES)),
-    )
-    return {"states": state_counts(qs), "active": qs.filter(state__in=ACTIVE_STATES).count(),
-            "bytes_done": agg["bytes_done"] or 0, "bytes_active_known": agg["bytes_active"] or 0,
-            "oldest_active_at": agg["oldest_active"]}
+    """What a user's queue looks like now: counts per state, bytes, the oldest active request.
+    Reads the trigger-kept UserStateCount rows and one index probe per active state
+    (request_user_state_age): its cost does not grow with the user's queue."""
+    counts = dict.fromkeys(RequestState.values, 0)
+    nbytes = dict.fromkeys(RequestState.values, 0)
+    for state, files, b in UserStateCount.objects.filter(user=user).values_list("state", "files", "bytes"):
+        counts[state], nbytes[state] = files, b
+    return {"states": counts, "active": sum(counts[s] for s in ACTIVE_STATES),
+            "bytes_done": nbytes[S.DONE], "bytes_active_known": sum(nbytes[s] for s in ACTIVE_STATES),
+            "oldest_active_at": oldest_active(user)}
+
+
+def active_count(user):
+    """The user's active requests, from the trigger-kept counters."""
+    return UserStateCount.objects.filter(user=user, state__in=ACTIVE_STATES).aggregate(n=Sum("files"))["n"] or 0
+
+
+def oldest_active(user):
+    """When the user's oldest active request was created: the oldest of each active state,
+    each one probe of the (user, state, created_at) index."""
+    firsts = [RestoreRequest.objects.filter(user=user, state=state).order_by("created_at")
+              .values_list("created_at", flat=True)[:1] for state in ACTIVE_STATES]
+    if connection.features.supports_slicing_ordering_in_compound:  # PostgreSQL: one round trip
+        found = list(firsts[0].union(*firsts[1:], all=True))
+    else:
+        found = [t for q in firsts for t in q]
+    return min(found, default=None)
 
 
 def bulk_requests(bulk):

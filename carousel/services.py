@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 
-from . import db
+from . import db, selectors
 from .exceptions import InvalidSubmission, NotAllowed, QueueCeilingReached
 from .models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
@@ -98,7 +98,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         new = [(p, k) for p, k in zip(clean, keys) if k not in own]
         ceiling = account.queued_ceiling if account.queued_ceiling is not None else control.default_queued_ceiling
         if new:
-            active_now = RestoreRequest.objects.filter(user=user, state__in=ACTIVE_STATES).count()
+            active_now = selectors.active_count(user)
             if active_now + len(new) > ceiling:
                 raise QueueCeilingReached(
                     f"you have {active_now} active requests and this submission adds {len(new)}; "

@@ -119,6 +119,10 @@ REST_FRAMEWORK = {
     # JSON only, with a body limit, a depth limit and text that is text (api/parsers.py).
     "DEFAULT_PARSER_CLASSES": ["api.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": None,
+    # Per account, counted in the shared cache (api/throttles.py); past the rate: 429 with
+    # Retry-After. A rate is "<count>/<second|minute|hour|day>".
+    "DEFAULT_THROTTLE_CLASSES": ["api.throttles.AccountRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"account": os.environ.get("CAROUSEL_THROTTLE_RATE", "1200/minute")},
 }
 
 SPECTACULAR_SETTINGS = {
@@ -148,6 +152,17 @@ else:
         "store_processed": False,
     }
 CELERY_TASK_IGNORE_RESULT = True
+
+# One cache shared by every process (web workers, Celery): the API's throttles count in it and
+# the Tape REST door keeps the issuers' keys in it. Redis when REDIS_URL is set; else files
+# under var/, which every process of the embedded default sees (a per-process memory cache
+# would let each gunicorn worker count its own throttle).
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": "carousel"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+                          "LOCATION": str(VAR_DIR / "cache")}}
 # Cancels and releases never wait behind a cycle, and copies to users' file systems (which can
 # take minutes) never hold a cycle back: each kind has its queue, and production gives each a
 # worker of its own (docker-compose.yml). `make run`'s single worker consumes all three.
