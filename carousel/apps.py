@@ -7,6 +7,7 @@ class CarouselConfig(AppConfig):
 
     def ready(self):
         from . import checks, plugins  # noqa: F401  (registers checks and the cache reset)
+        from . import retention  # noqa: F401  (registers the beat's prune task with the worker)
         from django.contrib import admin
         from django.utils.functional import lazy
 

@@ -18,6 +18,9 @@ def schedule_cycle(sender, **kwargs):
     # expires < tick: a tick that waited in the queue past the next one is dropped, not stacked.
     sender.add_periodic_task(tick, sender.signature("carousel.tasks.cycle_tick"), name="cycle tick",
                              expires=tick * 0.9)
+    every = settings.CAROUSEL_RETENTION_EVERY_S
+    sender.add_periodic_task(every, sender.signature("carousel.retention.prune_history"), name="prune history",
+                             expires=every * 0.9)
 
 
 @signals.worker_init.connect

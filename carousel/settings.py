@@ -211,6 +211,14 @@ CAROUSEL_DELIVERY_OPTIONS = json.loads(os.environ.get("CAROUSEL_DELIVERY_OPTIONS
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
 CAROUSEL_MAX_PATH_BYTES = 4096
 
+# Retention (carousel/retention.py): finished requests, transitions, jobs and submissions
+# (the Tape REST door's stage requests among them) older than this are pruned; the rolled-up
+# usage rows and the metrics' counters stay.
+CAROUSEL_RETENTION_DAYS = float(os.environ.get("CAROUSEL_RETENTION_DAYS", "14"))
+CAROUSEL_RETENTION_EVERY_S = float(os.environ.get("CAROUSEL_RETENTION_EVERY_S", "3600"))
+CAROUSEL_RETENTION_BATCH = int(os.environ.get("CAROUSEL_RETENTION_BATCH", "2000"))
+CAROUSEL_RETENTION_BUDGET_S = float(os.environ.get("CAROUSEL_RETENTION_BUDGET_S", "300"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
