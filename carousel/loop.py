@@ -6,13 +6,14 @@ withdrawals.py (expiry), failures.py (retries, quarantine), progress.py (polling
 (the judgement), locating.py, claiming.py (policies -> jobs), mounts.py with plan.py (the drives'
 chains, preemption, sending), delivery.py (copies to users)."""
 import logging
+import time
 from dataclasses import dataclass
 
 from django.db.models import F, Sum
 
 from policies.selection import share_policy, sort_policy
 
-from . import db, health as h, plugins
+from . import db, health as h, metrics, plugins
 from .claiming import claim_jobs
 from .delivery import dispatch_deliveries
 from .failures import requeue_due_retries
@@ -50,6 +51,7 @@ def run_cycle(*, now, stager=None):
     with db.try_lock("carousel-cycle") as taken:
         if not taken:
             return CycleReport(skipped=True)
+        started = time.monotonic()  # metrics hook (g): the cycle's wall-clock duration
         stager = stager or plugins.stager()
         control = Control.get()
         report = CycleReport()
@@ -63,6 +65,7 @@ def run_cycle(*, now, stager=None):
         report.delivering = dispatch_deliveries(now=now, control=control)
         bulk_notify_complete(now=now)
         Control.objects.filter(id=control.id).update(last_cycle_at=now, last_cycle_error=report.error)
+        metrics.record_cycle(time.monotonic() - started)  # metrics hook (g)
         return report
 
 

@@ -211,6 +211,14 @@ CAROUSEL_DELIVERY_OPTIONS = json.loads(os.environ.get("CAROUSEL_DELIVERY_OPTIONS
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
 CAROUSEL_MAX_PATH_BYTES = 4096
 
+# Who may scrape /metrics (carousel/metrics.py): clients from these networks (CIDR,
+# comma-separated), or with `Authorization: Bearer <CAROUSEL_METRICS_TOKEN>`. Open on the
+# embedded default; loopback only when DATABASE_URL is set and nothing is said.
+_EMBEDDED = "DATABASE_URL" not in os.environ
+CAROUSEL_METRICS_ALLOW = env_list("CAROUSEL_METRICS_ALLOW") or (
+    ["0.0.0.0/0", "::/0"] if _EMBEDDED else ["127.0.0.1/32", "::1/128"])
+CAROUSEL_METRICS_TOKEN = os.environ.get("CAROUSEL_METRICS_TOKEN", "")
+
 # Retention (carousel/retention.py): finished requests, transitions, jobs and submissions
 # (the Tape REST door's stage requests among them) older than this are pruned; the rolled-up
 # usage rows and the metrics' counters stay.
