@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import usage, views
 
 app_name = "api"
 
@@ -14,4 +14,6 @@ urlpatterns = [
     path("bulks/<uuid:pk>/cancel/", views.BulkCancel.as_view(), name="bulk-cancel"),
     path("summary/", views.Summary.as_view(), name="summary"),
     path("stager/", views.StagerHealthView.as_view(), name="stager"),
+    path("usage/", usage.UsageView.as_view(), name="usage"),
+    path("usage/csv/", usage.UsageCsvView.as_view(), name="usage-csv"),
 ]
