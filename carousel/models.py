@@ -470,13 +470,14 @@ class HourlyStats(models.Model):
 WAIT_BUCKETS_S = (60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 259200, 604800)
 
 
-class UsageHour(models.Model):
-    """What one user's requests did in one hour, under one group (group_key: the group's id,
-    0 for none). Requested files count at submission, requested bytes once the size is known
-    (at the submission's hour); the rest at the hour it happened. Mounts and drive seconds are a
+class UsageDay(models.Model):
+    """What one user's requests did in one day (UTC), under one group (group_key: the group's
+    id, 0 for none). Requested files count at submission, requested bytes once the size is known
+    (on the submission's day); the rest on the day it happened. Days, not hours: a year's
+    report reads users x 365 rows. Mounts and drive seconds are a
     job's, shared among the users by their files in it."""
 
-    hour = models.DateTimeField()
+    day = models.DateTimeField(help_text="Midnight UTC.")
     user_id = models.BigIntegerField()  # no foreign key: a deleted user's usage stays counted
     group_key = models.BigIntegerField()
     requested_files = models.BigIntegerField(db_default=0)
@@ -497,20 +498,20 @@ class UsageHour(models.Model):
     drive_s = models.FloatField(db_default=0.0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["hour", "user_id", "group_key"], name="usagehour_key")]
+        constraints = [models.UniqueConstraint(fields=["day", "user_id", "group_key"], name="usageday_key")]
 
 
 class UsageWait(models.Model):
-    """Restored requests per wait bucket (WAIT_BUCKETS_S), per hour, user and group."""
+    """Restored requests per wait bucket (WAIT_BUCKETS_S), per day, user and group."""
 
-    hour = models.DateTimeField()
+    day = models.DateTimeField(help_text="Midnight UTC.")
     user_id = models.BigIntegerField()
     group_key = models.BigIntegerField()
     bucket = models.PositiveSmallIntegerField()
     files = models.BigIntegerField(db_default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["hour", "user_id", "group_key", "bucket"],
+        constraints = [models.UniqueConstraint(fields=["day", "user_id", "group_key", "bucket"],
                                                name="usagewait_key")]
 
 

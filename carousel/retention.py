@@ -2,7 +2,7 @@
 time, each batch its own short transaction, so no lock is held long. What goes: finished
 requests (with their transitions and memberships), transitions of any request, finished jobs and
 submissions with no request left, which includes the Tape REST door's stage requests (they are
-submissions). What stays: the rolled-up rows (UsageHour, UsageWait, CounterTotal, HourlyStats),
+submissions). What stays: the rolled-up rows (UsageDay, UsageWait, CounterTotal, HourlyStats),
 so usage reports and the metrics' counters do not change when their requests go."""
 import logging
 import time

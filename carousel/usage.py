@@ -1,6 +1,6 @@
 """Usage reports, as ERADAT and DataCarousel kept them: per user or per group over a period,
-read from the rolled-up rows (UsageHour, UsageWait) that triggers keep and retention leaves, so
-a year's report reads hours x users rows, never the requests.
+read from the rolled-up rows (UsageDay, UsageWait) that triggers keep and retention leaves, so
+a year's report reads days x users rows, never the requests.
 
 Waits (submission to restored) are counted in the fixed buckets of WAIT_BUCKETS_S: a percentile
 is given as the upper bound of the bucket it falls in (never above the longest wait, which is
@@ -11,12 +11,12 @@ import csv
 import io
 import math
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import timedelta, timezone as dt_timezone
 
 from django.contrib.auth.models import Group, User
 from django.db.models import Max, Sum
 
-from .models import WAIT_BUCKETS_S, UsageHour, UsageWait
+from .models import WAIT_BUCKETS_S, UsageDay, UsageWait
 
 BY = ("user", "group")
 FAILURE_CLASSES = ("transient", "permanent", "user", "delivery", "other")
@@ -63,13 +63,13 @@ class UsageReport:
     total_drive_s: float
 
 
-def hour_floor(t):
-    return t.replace(minute=0, second=0, microsecond=0)
+def day_floor(t):
+    return t.astimezone(dt_timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def hour_ceil(t):
-    floor = hour_floor(t)
-    return floor if floor == t else floor + timedelta(hours=1)
+def day_ceil(t):
+    floor = day_floor(t)
+    return floor if floor == t else floor + timedelta(days=1)
 
 
 def percentile_from_buckets(counts, q, longest):
@@ -89,22 +89,23 @@ def percentile_from_buckets(counts, q, longest):
 
 
 def usage_report(*, since, until, by="user", viewer=None):
-    """Lines per user or per group for the whole hours from since to until (until excluded).
+    """Lines per user or per group for the whole days (UTC) from since to until (until excluded;
+    a period is widened to whole days, the rows' grain).
     A viewer who is not staff sees their own line (by user) or their groups' (by group)."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}")
-    since, until = hour_floor(since), hour_ceil(until)
+    since, until = day_floor(since), day_ceil(until)
     key = "user_id" if by == "user" else "group_key"
-    hours = UsageHour.objects.filter(hour__gte=since, hour__lt=until)
-    waits = UsageWait.objects.filter(hour__gte=since, hour__lt=until)
-    total_drive = hours.aggregate(s=Sum("drive_s"))["s"] or 0.0
+    days = UsageDay.objects.filter(day__gte=since, day__lt=until)
+    waits = UsageWait.objects.filter(day__gte=since, day__lt=until)
+    total_drive = days.aggregate(s=Sum("drive_s"))["s"] or 0.0
     if viewer is not None and not viewer.is_staff:
         if by == "user":
-            hours, waits = hours.filter(user_id=viewer.id), waits.filter(user_id=viewer.id)
+            days, waits = days.filter(user_id=viewer.id), waits.filter(user_id=viewer.id)
         else:
             mine = list(viewer.groups.values_list("id", flat=True))
-            hours, waits = hours.filter(group_key__in=mine), waits.filter(group_key__in=mine)
-    rows = {r[key]: r for r in hours.values(key).annotate(**{f: Sum(f) for f in SUMMED}, wait_max=Max("wait_max_s"))
+            days, waits = days.filter(group_key__in=mine), waits.filter(group_key__in=mine)
+    rows = {r[key]: r for r in days.values(key).annotate(**{f: Sum(f) for f in SUMMED}, wait_max=Max("wait_max_s"))
             .order_by(key)}
     buckets = {}
     for k, bucket, files in waits.values_list(key, "bucket").annotate(n=Sum("files")).order_by():

@@ -5,7 +5,7 @@ from django.db.models import Sum
 
 from carousel.celery import app
 from carousel.loop import run_cycle
-from carousel.models import (Bulk, BulkItem, CounterTotal, Job, RestoreRequest, Transition, UsageHour, UsageWait)
+from carousel.models import (Bulk, BulkItem, CounterTotal, Job, RestoreRequest, Transition, UsageDay, UsageWait)
 from carousel.retention import prune
 from carousel.services import restore_submit
 from carousel.stagers.immediate import ImmediateStager
@@ -20,7 +20,7 @@ def _restore(user, paths, at):
 
 
 def _rolled_up():
-    usage = UsageHour.objects.aggregate(*(Sum(f) for f in ("requested_files", "restored_files", "restored_bytes",
+    usage = UsageDay.objects.aggregate(*(Sum(f) for f in ("requested_files", "restored_files", "restored_bytes",
                                                            "mounts", "drive_s")))
     return (usage, dict(UsageWait.objects.values_list("bucket").annotate(Sum("files"))),
             sorted(CounterTotal.objects.values_list("name", "label", "value")))

@@ -20,7 +20,8 @@ from tests.test_loop import ScriptedStager
 def history(alice, bob, charlie, now):
     """t0: alice 3 files and bob 2 on tape /a, charlie 4 on /c (one of them missing); bob cancels
     one. t0+100 s: restored (waits 100 s); alice asks for 2 more, restored at t0+4100 s."""
-    t0 = now.replace(minute=10, second=0, microsecond=0) - timedelta(days=1)
+    # Yesterday 10:10 UTC: the whole history within one day.
+    t0 = (now - timedelta(days=1)).replace(hour=10, minute=10, second=0, microsecond=0)
     Control.objects.update_or_create(id=1, defaults={"files_per_job": 100})
     stager = ScriptedStager()
     stager.missing = {"/c/4"}
@@ -71,9 +72,10 @@ def test_the_report_matches_a_hand_count(history, alice, bob, charlie):
                                                               until=t0 + timedelta(hours=3), by="group").lines}
     assert groups["analysis"].restored_files == 6 and groups["production"].restored_files == 3
     assert groups["analysis"].mounts == pytest.approx(2) and groups["analysis"].wait_max_s == pytest.approx(4000)
-    # A period that ends before the later restores leaves them out.
-    early = {line.name: line for line in usage.usage_report(since=t0, until=t0 + timedelta(minutes=50)).lines}
-    assert early["alice"].restored_files == 3 and early["alice"].requested_files == 5
+    # Periods are whole UTC days: the day before has nothing, the day itself everything.
+    assert usage.usage_report(since=t0 - timedelta(days=1), until=t0 - timedelta(hours=10, minutes=10)).lines == []
+    day = usage.usage_report(since=t0 - timedelta(hours=10, minutes=10), until=t0 + timedelta(minutes=1))
+    assert {line.name: line.restored_files for line in day.lines} == {"alice": 5, "bob": 1, "charlie": 3}
 
 
 def test_the_report_outlives_pruning(history, now):

@@ -1,12 +1,12 @@
-"""The rolled-up rows of 0007 (UsageHour, UsageWait, StateCount, CounterTotal) are kept by the
+"""The rolled-up rows of 0007 (UsageDay, UsageWait, StateCount, CounterTotal) are kept by the
 database, like the backlog counters of 0003: triggers on requests and jobs, so no code path can
 miss one, and pruning old requests (carousel/retention.py) leaves them be.
 
-- insert of a request: requested files (its hour, user, group), the active count of its state,
+- insert of a request: requested files (its day, user, group), the active count of its state,
   the requests total;
 - update: the active counts move with state, size and group; a state change to done, failed,
-  retry, cancelled or expired adds to the hour of the change (done: bytes and the wait's
-  bucket); a size becoming known adds requested bytes at the submission's hour;
+  retry, cancelled or expired adds to the day of the change (done: bytes and the wait's
+  bucket); a size becoming known adds requested bytes at the submission's day;
 - delete: the active counts;
 - a job sent: one mount, a job finished: its drive seconds (sent to finished), each shared
   among the users by their files in the job.
@@ -19,8 +19,8 @@ from django.db import migrations
 WAIT_BUCKETS_S = (60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 259200, 604800)
 ACTIVE = "('queued', 'submitted', 'staging', 'retry', 'delivering')"
 CLASSES = ("transient", "permanent", "user", "delivery")
-PG_HOUR = "date_trunc('hour', {} AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
-SQLITE_HOUR = "strftime('%Y-%m-%d %H:00:00', {})"
+PG_DAY = "date_trunc('day', {} AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
+SQLITE_DAY = "strftime('%Y-%m-%d 00:00:00', {})"
 
 USAGE_SUMS = ["requested_bytes", "restored_files", "restored_bytes", *(f"failed_{c}" for c in CLASSES),
               "failed_other", "retries", "cancelled", "expired", "wait_sum_s"]
@@ -87,12 +87,12 @@ ON CONFLICT (name, label) DO UPDATE SET value = t.value + EXCLUDED.value;
 
 
 def pg_insert():
-    hour = PG_HOUR.format("created_at")
+    day = PG_DAY.format("created_at")
     return f"""
-INSERT INTO carousel_usagehour AS u (hour, user_id, group_key, requested_files, requested_bytes)
-SELECT {hour}, user_id, coalesce(group_id, 0), count(*), coalesce(sum(size), 0) FROM new_rows
+INSERT INTO carousel_usageday AS u (day, user_id, group_key, requested_files, requested_bytes)
+SELECT {day}, user_id, coalesce(group_id, 0), count(*), coalesce(sum(size), 0) FROM new_rows
 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-ON CONFLICT (hour, user_id, group_key) DO UPDATE SET requested_files = u.requested_files + EXCLUDED.requested_files,
+ON CONFLICT (day, user_id, group_key) DO UPDATE SET requested_files = u.requested_files + EXCLUDED.requested_files,
     requested_bytes = u.requested_bytes + EXCLUDED.requested_bytes;
 {PG_STATECOUNT.format(rows=PG_SC_NEW)}
 {PG_TOTAL_UPSERT.format(rows="SELECT 'requests' AS name, '' AS label, count(*) AS v FROM new_rows")}
@@ -101,26 +101,26 @@ ON CONFLICT (hour, user_id, group_key) DO UPDATE SET requested_files = u.request
 
 def pg_update():
     cols = _event_columns("n", PG_WAIT)
-    hour = PG_HOUR.format("n.updated_at")
+    day = PG_DAY.format("n.updated_at")
     select = ", ".join(f"{expr} AS {name}" for name, expr in cols.items())
     sums = ", ".join(f"max({c})" if c == "wait_max_s" else f"sum({c})" for c in cols)
     totals = " UNION ALL ".join(f"SELECT '{name}' AS name, {label} AS label, {v} AS v {PG_CHANGED}"
                                 for name, label, v in _totals("n"))
     return f"""
 {PG_STATECOUNT.format(rows=f"{PG_SC_NEW} UNION ALL {PG_SC_OLD}")}
-INSERT INTO carousel_usagehour AS u (hour, user_id, group_key, requested_bytes, {", ".join(cols)})
-SELECT hour, user_id, g, sum(grown), {sums} FROM (
-    SELECT {hour} AS hour, n.user_id, coalesce(n.group_id, 0) AS g, 0 AS grown, {select} {PG_CHANGED}
+INSERT INTO carousel_usageday AS u (day, user_id, group_key, requested_bytes, {", ".join(cols)})
+SELECT day, user_id, g, sum(grown), {sums} FROM (
+    SELECT {day} AS day, n.user_id, coalesce(n.group_id, 0) AS g, 0 AS grown, {select} {PG_CHANGED}
     UNION ALL
-    SELECT {PG_HOUR.format("n.created_at")}, n.user_id, coalesce(n.group_id, 0),
+    SELECT {PG_DAY.format("n.created_at")}, n.user_id, coalesce(n.group_id, 0),
            coalesce(n.size, 0) - coalesce(o.size, 0), {", ".join("0" for _ in cols)}
     FROM new_rows n JOIN old_rows o ON o.id = n.id WHERE n.size IS DISTINCT FROM o.size
 ) AS e GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-ON CONFLICT (hour, user_id, group_key) DO UPDATE SET {_usage_upsert("u")};
-INSERT INTO carousel_usagewait AS w (hour, user_id, group_key, bucket, files)
-SELECT {hour}, n.user_id, coalesce(n.group_id, 0), {_bucket(PG_WAIT)}, count(*) {PG_CHANGED} AND n.state = 'done'
+ON CONFLICT (day, user_id, group_key) DO UPDATE SET {_usage_upsert("u")};
+INSERT INTO carousel_usagewait AS w (day, user_id, group_key, bucket, files)
+SELECT {day}, n.user_id, coalesce(n.group_id, 0), {_bucket(PG_WAIT)}, count(*) {PG_CHANGED} AND n.state = 'done'
 GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
-ON CONFLICT (hour, user_id, group_key, bucket) DO UPDATE SET files = w.files + EXCLUDED.files;
+ON CONFLICT (day, user_id, group_key, bucket) DO UPDATE SET files = w.files + EXCLUDED.files;
 {PG_TOTAL_UPSERT.format(rows=totals + " UNION ALL SELECT 'requested_bytes', '', coalesce(n.size, 0) - coalesce(o.size, 0) "
                         "FROM new_rows n JOIN old_rows o ON o.id = n.id WHERE n.size IS DISTINCT FROM o.size")}
 """
@@ -132,10 +132,10 @@ def pg_delete():
 
 PG_JOB = f"""
 WITH ev AS (
-    SELECT n.id, {PG_HOUR.format("n.sent_at")} AS hour, 1.0 AS mounts, 0.0 AS drive
+    SELECT n.id, {PG_DAY.format("n.sent_at")} AS day, 1.0 AS mounts, 0.0 AS drive
     FROM new_rows n JOIN old_rows o ON o.id = n.id WHERE n.sent_at IS NOT NULL AND o.sent_at IS NULL
     UNION ALL
-    SELECT n.id, {PG_HOUR.format("n.finished_at")}, 0.0, greatest(extract(epoch FROM n.finished_at - n.sent_at)::float8, 0)
+    SELECT n.id, {PG_DAY.format("n.finished_at")}, 0.0, greatest(extract(epoch FROM n.finished_at - n.sent_at)::float8, 0)
     FROM new_rows n JOIN old_rows o ON o.id = n.id
     WHERE n.finished_at IS NOT NULL AND o.finished_at IS NULL AND n.sent_at IS NOT NULL
 ), share AS (
@@ -150,10 +150,10 @@ WITH ev AS (
     WHERE v > 0 ORDER BY name
     ON CONFLICT (name, label) DO UPDATE SET value = t.value + EXCLUDED.value
 )
-INSERT INTO carousel_usagehour AS u (hour, user_id, group_key, mounts, drive_s)
-SELECT ev.hour, s.user_id, s.g, sum(ev.mounts * s.f), sum(ev.drive * s.f) FROM ev JOIN share s ON s.job_id = ev.id
+INSERT INTO carousel_usageday AS u (day, user_id, group_key, mounts, drive_s)
+SELECT ev.day, s.user_id, s.g, sum(ev.mounts * s.f), sum(ev.drive * s.f) FROM ev JOIN share s ON s.job_id = ev.id
 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-ON CONFLICT (hour, user_id, group_key) DO UPDATE SET mounts = u.mounts + EXCLUDED.mounts,
+ON CONFLICT (day, user_id, group_key) DO UPDATE SET mounts = u.mounts + EXCLUDED.mounts,
     drive_s = u.drive_s + EXCLUDED.drive_s;
 """
 
@@ -201,13 +201,13 @@ def sqlite_sql():
     cols = _event_columns("NEW", SQLITE_WAIT)
     usage_sets = ", ".join([f"{c} = {c} + excluded.{c}" for c in USAGE_SUMS]
                            + ["wait_max_s = max(wait_max_s, excluded.wait_max_s)"])
-    created_hour, updated_hour = SQLITE_HOUR.format("NEW.created_at"), SQLITE_HOUR.format("NEW.updated_at")
+    created_day, updated_day = SQLITE_DAY.format("NEW.created_at"), SQLITE_DAY.format("NEW.updated_at")
     totals = "\n".join(_sqlite_total(name, label, v, "1") for name, label, v in _totals("NEW"))
     return [
         f"""CREATE TRIGGER carousel_usage_insert AFTER INSERT ON carousel_restorerequest BEGIN
-INSERT INTO carousel_usagehour (hour, user_id, group_key, requested_files, requested_bytes)
-VALUES ({created_hour}, NEW.user_id, coalesce(NEW.group_id, 0), 1, coalesce(NEW.size, 0))
-ON CONFLICT (hour, user_id, group_key) DO UPDATE SET requested_files = requested_files + 1,
+INSERT INTO carousel_usageday (day, user_id, group_key, requested_files, requested_bytes)
+VALUES ({created_day}, NEW.user_id, coalesce(NEW.group_id, 0), 1, coalesce(NEW.size, 0))
+ON CONFLICT (day, user_id, group_key) DO UPDATE SET requested_files = requested_files + 1,
     requested_bytes = requested_bytes + excluded.requested_bytes;
 {_sqlite_total("requests", "''", "1", "1")}
 END;""",
@@ -221,40 +221,40 @@ FOR EACH ROW WHEN NEW.state IN {ACTIVE} AND (OLD.state <> NEW.state OR OLD.size 
     OR OLD.group_id IS NOT NEW.group_id) BEGIN {_sqlite_statecount("NEW", 1)} END;""",
         f"""CREATE TRIGGER carousel_usage_update_state AFTER UPDATE OF state ON carousel_restorerequest
 FOR EACH ROW WHEN OLD.state <> NEW.state BEGIN
-INSERT INTO carousel_usagehour (hour, user_id, group_key, {", ".join(cols)})
-VALUES ({updated_hour}, NEW.user_id, coalesce(NEW.group_id, 0), {", ".join(cols.values())})
-ON CONFLICT (hour, user_id, group_key) DO UPDATE SET {usage_sets};
-INSERT INTO carousel_usagewait (hour, user_id, group_key, bucket, files)
-SELECT {updated_hour}, NEW.user_id, coalesce(NEW.group_id, 0), {_bucket(SQLITE_WAIT)}, 1 WHERE NEW.state = 'done'
-ON CONFLICT (hour, user_id, group_key, bucket) DO UPDATE SET files = files + 1;
+INSERT INTO carousel_usageday (day, user_id, group_key, {", ".join(cols)})
+VALUES ({updated_day}, NEW.user_id, coalesce(NEW.group_id, 0), {", ".join(cols.values())})
+ON CONFLICT (day, user_id, group_key) DO UPDATE SET {usage_sets};
+INSERT INTO carousel_usagewait (day, user_id, group_key, bucket, files)
+SELECT {updated_day}, NEW.user_id, coalesce(NEW.group_id, 0), {_bucket(SQLITE_WAIT)}, 1 WHERE NEW.state = 'done'
+ON CONFLICT (day, user_id, group_key, bucket) DO UPDATE SET files = files + 1;
 {totals}
 END;""",
         f"""CREATE TRIGGER carousel_usage_update_size AFTER UPDATE OF size ON carousel_restorerequest
 FOR EACH ROW WHEN OLD.size IS NOT NEW.size BEGIN
-INSERT INTO carousel_usagehour (hour, user_id, group_key, requested_bytes)
-VALUES ({created_hour}, NEW.user_id, coalesce(NEW.group_id, 0), coalesce(NEW.size, 0) - coalesce(OLD.size, 0))
-ON CONFLICT (hour, user_id, group_key) DO UPDATE SET requested_bytes = requested_bytes + excluded.requested_bytes;
+INSERT INTO carousel_usageday (day, user_id, group_key, requested_bytes)
+VALUES ({created_day}, NEW.user_id, coalesce(NEW.group_id, 0), coalesce(NEW.size, 0) - coalesce(OLD.size, 0))
+ON CONFLICT (day, user_id, group_key) DO UPDATE SET requested_bytes = requested_bytes + excluded.requested_bytes;
 {_sqlite_total("requested_bytes", "''", "coalesce(NEW.size, 0) - coalesce(OLD.size, 0)", "1")}
 END;""",
         f"""CREATE TRIGGER carousel_usage_delete AFTER DELETE ON carousel_restorerequest
 FOR EACH ROW WHEN OLD.state IN {ACTIVE} BEGIN {_sqlite_statecount("OLD", -1)} END;""",
         f"""CREATE TRIGGER carousel_usage_job_sent AFTER UPDATE OF sent_at ON carousel_job
 FOR EACH ROW WHEN NEW.sent_at IS NOT NULL AND OLD.sent_at IS NULL BEGIN
-INSERT INTO carousel_usagehour (hour, user_id, group_key, mounts)
-SELECT {SQLITE_HOUR.format("NEW.sent_at")}, user_id, coalesce(group_id, 0),
+INSERT INTO carousel_usageday (day, user_id, group_key, mounts)
+SELECT {SQLITE_DAY.format("NEW.sent_at")}, user_id, coalesce(group_id, 0),
        count(*) * 1.0 / (SELECT count(*) FROM carousel_restorerequest WHERE job_id = NEW.id)
 FROM carousel_restorerequest WHERE job_id = NEW.id GROUP BY user_id, coalesce(group_id, 0)
-ON CONFLICT (hour, user_id, group_key) DO UPDATE SET mounts = mounts + excluded.mounts;
+ON CONFLICT (day, user_id, group_key) DO UPDATE SET mounts = mounts + excluded.mounts;
 {_sqlite_total("mounts", "''", "1", "1")}
 END;""",
         f"""CREATE TRIGGER carousel_usage_job_finished AFTER UPDATE OF finished_at ON carousel_job
 FOR EACH ROW WHEN NEW.finished_at IS NOT NULL AND OLD.finished_at IS NULL AND NEW.sent_at IS NOT NULL BEGIN
-INSERT INTO carousel_usagehour (hour, user_id, group_key, drive_s)
-SELECT {SQLITE_HOUR.format("NEW.finished_at")}, user_id, coalesce(group_id, 0),
+INSERT INTO carousel_usageday (day, user_id, group_key, drive_s)
+SELECT {SQLITE_DAY.format("NEW.finished_at")}, user_id, coalesce(group_id, 0),
        max((julianday(NEW.finished_at) - julianday(NEW.sent_at)) * 86400.0, 0) * count(*)
        / (SELECT count(*) FROM carousel_restorerequest WHERE job_id = NEW.id)
 FROM carousel_restorerequest WHERE job_id = NEW.id GROUP BY user_id, coalesce(group_id, 0)
-ON CONFLICT (hour, user_id, group_key) DO UPDATE SET drive_s = drive_s + excluded.drive_s;
+ON CONFLICT (day, user_id, group_key) DO UPDATE SET drive_s = drive_s + excluded.drive_s;
 {_sqlite_total("drive_seconds", "''", "CAST(round(max((julianday(NEW.finished_at) - julianday(NEW.sent_at)) * 86400.0, 0)) AS INTEGER)", "1")}
 END;""",
     ]
@@ -292,7 +292,7 @@ def backwards(apps, schema_editor):
     else:
         for name in SQLITE_TRIGGERS:
             schema_editor.execute(f"DROP TRIGGER IF EXISTS carousel_usage_{name};")
-    for table in ("statecount", "countertotal", "usagehour", "usagewait"):
+    for table in ("statecount", "countertotal", "usageday", "usagewait"):
         schema_editor.execute(f"DELETE FROM carousel_{table}")
 
 
