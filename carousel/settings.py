@@ -227,9 +227,9 @@ CAROUSEL_RETENTION_EVERY_S = float(os.environ.get("CAROUSEL_RETENTION_EVERY_S", 
 CAROUSEL_RETENTION_BATCH = int(os.environ.get("CAROUSEL_RETENTION_BATCH", "2000"))
 CAROUSEL_RETENTION_BUDGET_S = float(os.environ.get("CAROUSEL_RETENTION_BUDGET_S", "300"))
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"carousel": {"handlers": ["console"], "level": os.environ.get("CAROUSEL_LOG_LEVEL", "INFO")}},
-}
+# Structured logs (carousel/logs.py): CAROUSEL_LOG_FORMAT=json (one object per line, with the
+# cycle, job and request ids where they exist) or text; by default text in a terminal, JSON
+# elsewhere. The Celery processes use this configuration too (carousel/celery.py).
+from carousel.logs import logging_config  # noqa: E402
+
+LOGGING = logging_config(level=os.environ.get("CAROUSEL_LOG_LEVEL", "INFO"))
