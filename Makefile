@@ -21,7 +21,8 @@ $(STAMP): requirements.txt
 run: venv
 	mkdir -p var/static
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py demo
+	@# Demo accounts only on the embedded default; DEMO=1 asks for them in another database.
+	$(PY) manage.py demo $(if $(DEMO),--any-database)
 	@echo "Carousel at http://$(ADDR)/  (admin: http://$(ADDR)/admin/, API: http://$(ADDR)/api/docs/)"
 	@# Worker (with beat inside) and web server together; when either stops, both stop.
 	@trap 'kill 0' EXIT INT TERM; \
@@ -53,8 +54,13 @@ smoke-sqlite:
 	@rm -rf var/smoke
 	env -u DATABASE_URL -u REDIS_URL CAROUSEL_VAR_DIR=var/smoke $(PY) manage.py smoke
 
+# Valid, and its default stager reads (simulated) tape: never `immediate` (tests/test_deploy.py checks more).
 compose-check:
-	SECRET_KEY=compose-check docker-compose -f docker-compose.yml config -q && echo "docker-compose.yml is valid"
+	env -u CAROUSEL_STAGER SECRET_KEY=compose-check docker-compose -f docker-compose.yml config > /dev/null
+	@stagers=$$(env -u CAROUSEL_STAGER SECRET_KEY=compose-check docker-compose -f docker-compose.yml config \
+	  | grep -E '^ +CAROUSEL_STAGER:'); echo "$$stagers" | sort -u; \
+	  [ -n "$$stagers" ] && ! grep -q immediate <<< "$$stagers"
+	@echo "docker-compose.yml is valid; its default stager is not immediate"
 
 clean:
 	rm -rf $(VENV) var

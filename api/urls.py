@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from . import views
+from . import usage, views
 
 app_name = "api"
 
@@ -14,6 +14,8 @@ urlpatterns = [
     path("bulks/<uuid:pk>/cancel/", views.BulkCancel.as_view(), name="bulk-cancel"),
     path("summary/", views.Summary.as_view(), name="summary"),
     path("stager/", views.StagerHealthView.as_view(), name="stager"),
+    path("usage/", usage.UsageView.as_view(), name="usage"),
+    path("usage/csv/", usage.UsageCsvView.as_view(), name="usage-csv"),
     # Last: anything else under the API is a JSON 404 (an unknown id such as requests/abc/).
     re_path(r"", views.NotFoundView.as_view()),
 ]

@@ -6,13 +6,14 @@ withdrawals.py (expiry), failures.py (retries, quarantine), progress.py (polling
 (the judgement), locating.py, claiming.py (policies -> jobs), mounts.py with plan.py (the drives'
 chains, preemption, sending), delivery.py (copies to users)."""
 import logging
+import time
 from dataclasses import dataclass
 
 from django.db.models import F, Sum
 
 from policies.selection import share_policy, sort_policy
 
-from . import db, health as h, plugins
+from . import db, health as h, metrics, plugins
 from .claiming import claim_jobs
 from .deadlines import end_overdue_jobs
 from .delivery import dispatch_deliveries
@@ -54,6 +55,7 @@ def run_cycle(*, now, stager=None):
     with db.try_lock("carousel-cycle") as taken:
         if not taken:
             return CycleReport(skipped=True)
+        started = time.monotonic()  # the cycle's wall-clock duration, for the metrics
         control = Control.get()
         report = CycleReport()
         try:
@@ -65,6 +67,7 @@ def run_cycle(*, now, stager=None):
             else:
                 log.exception(report.error)
         Control.objects.filter(id=control.id).update(last_cycle_at=now, last_cycle_error=report.error)
+        metrics.record_cycle(time.monotonic() - started)
         return report
 
 

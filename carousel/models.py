@@ -508,6 +508,8 @@ class RestoreRequest(models.Model):
             models.Index(fields=["deadline"], name="request_active_deadline",
                          condition=Q(deadline__isnull=False, state__in=ACTIVE_STATES)),
             models.Index(fields=["retry_at"], name="request_retry_due", condition=Q(state=S.RETRY)),
+            # Retention prunes finished requests oldest first, a batch at a time.
+            models.Index(fields=["finished_at"], name="request_finished", condition=Q(state__in=TERMINAL_STATES)),
             models.Index(fields=["delivery_fs", "delivery_started_at"], name="request_delivering",
                          condition=Q(state=S.DELIVERING)),
             models.Index(fields=["created_at"], name="request_unlocated",
@@ -620,3 +622,92 @@ class PathPrefix(models.Model):
             raise ValueError(f"prefix {self.prefix!r}: {message}")
         self.prefix = prefix
         super().save(*args, **kwargs)
+
+
+# Rolled-up history (migration 0007_g_counters keeps them by database triggers, like the
+# backlog counters): never pruned, so usage reports and the metrics' counters outlive the
+# requests they count (carousel/retention.py prunes those).
+
+# A request's wait (submission to restored) falls in the first bucket whose bound it does not
+# exceed; the last bucket has no bound. Fixed: the rolled-up rows count by these indices, and the
+# migration's triggers carry a frozen copy (tests check they agree).
+WAIT_BUCKETS_S = (60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 259200, 604800)
+
+
+class UsageDay(models.Model):
+    """What one user's requests did in one day (UTC), under one group (group_key: the group's
+    id, 0 for none). Requested files count at submission, requested bytes once the size is known
+    (on the submission's day); the rest on the day it happened. Days, not hours: a year's
+    report reads users x 365 rows. Mounts and drive seconds are a
+    job's, shared among the users by their files in it."""
+
+    day = models.DateTimeField(help_text="Midnight UTC.")
+    user_id = models.BigIntegerField()  # no foreign key: a deleted user's usage stays counted
+    group_key = models.BigIntegerField()
+    requested_files = models.BigIntegerField(db_default=0)
+    requested_bytes = models.BigIntegerField(db_default=0)
+    restored_files = models.BigIntegerField(db_default=0)
+    restored_bytes = models.BigIntegerField(db_default=0)
+    failed_transient = models.BigIntegerField(db_default=0)
+    failed_permanent = models.BigIntegerField(db_default=0)
+    failed_user = models.BigIntegerField(db_default=0)
+    failed_delivery = models.BigIntegerField(db_default=0)
+    failed_other = models.BigIntegerField(db_default=0)
+    retries = models.BigIntegerField(db_default=0, help_text="Transient failures sent to the retry queue.")
+    cancelled = models.BigIntegerField(db_default=0)
+    expired = models.BigIntegerField(db_default=0)
+    wait_sum_s = models.FloatField(db_default=0.0)
+    wait_max_s = models.FloatField(db_default=0.0)
+    mounts = models.FloatField(db_default=0.0)
+    drive_s = models.FloatField(db_default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "user_id", "group_key"], name="usageday_key")]
+
+
+class UsageWait(models.Model):
+    """Restored requests per wait bucket (WAIT_BUCKETS_S), per day, user and group."""
+
+    day = models.DateTimeField(help_text="Midnight UTC.")
+    user_id = models.BigIntegerField()
+    group_key = models.BigIntegerField()
+    bucket = models.PositiveSmallIntegerField()
+    files = models.BigIntegerField(db_default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "user_id", "group_key", "bucket"],
+                                               name="usagewait_key")]
+
+
+class StateCount(models.Model):
+    """Active requests per state and group (group_key 0: none), kept by trigger: the metrics
+    read a few rows, not a million."""
+
+    state = models.CharField(max_length=16)
+    group_key = models.BigIntegerField()
+    files = models.BigIntegerField(db_default=0)
+    bytes = models.BigIntegerField(db_default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["state", "group_key"], name="statecount_key")]
+
+
+class CounterTotal(models.Model):
+    """Monotonic totals since the database was created (the metrics' counters): requests,
+    files and bytes restored, failures by class, retries, mounts, drive seconds."""
+
+    name = models.CharField(max_length=32)
+    label = models.CharField(max_length=32, blank=True)
+    value = models.BigIntegerField(db_default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "label"], name="countertotal_key")]
+
+
+class CycleBucket(models.Model):
+    """The loop's cycle durations as a cumulative histogram (le: upper bound in seconds, the
+    last one infinite) written by the worker, read by the web's /metrics."""
+
+    le = models.FloatField(unique=True)
+    count = models.BigIntegerField(default=0)
+    sum_s = models.FloatField(default=0.0, help_text="On the infinite bucket only: the durations' sum.")

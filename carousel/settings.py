@@ -18,6 +18,22 @@ SECRET_KEY = os.environ.get("SECRET_KEY", "carousel-embedded-insecure-key-set-SE
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
 
+
+def env_list(name):
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+# Behind a TLS-terminating proxy (docs/operations.md): the proxy's public origins, e.g.
+# https://carousel.example.org, or every form POST fails Django's CSRF origin check; the header
+# the proxy sets to say the client spoke HTTPS (it must overwrite any such header a client sent);
+# cookies sent over HTTPS only.
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+if os.environ.get("SECURE_PROXY_SSL_HEADER"):
+    # "X-Forwarded-Proto: https" -> ("HTTP_X_FORWARDED_PROTO", "https")
+    _header, _, _value = os.environ["SECURE_PROXY_SSL_HEADER"].partition(":")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _header.strip().upper().replace("-", "_"), _value.strip() or "https")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -61,14 +77,17 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "carousel.deploy.stager_context",
             ],
         },
     },
 ]
 
+# The embedded default; demo accounts are created only there (carousel/deploy.py).
+EMBEDDED_DATABASE_PATH = VAR_DIR / "carousel.sqlite3"
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'carousel.sqlite3'}"),
+        os.environ.get("DATABASE_URL", f"sqlite:///{EMBEDDED_DATABASE_PATH}"),
         conn_max_age=int(os.environ.get("CONN_MAX_AGE", "0")),
     )
 }
@@ -95,7 +114,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+# The image collects them outside var/ (a volume that outlives upgrades).
+STATIC_ROOT = Path(os.environ.get("CAROUSEL_STATIC_ROOT", VAR_DIR / "static"))
 # Without collectstatic (make run, tests) WhiteNoise finds files where the apps keep them.
 WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "/accounts/login/"
@@ -196,6 +216,9 @@ CAROUSEL_SHARE_POLICIES = {
     "GROUP": "policies.sharing.Group",
     "GRPW": "policies.sharing.GroupWeighted",
 }
+# `immediate` marks requests restored without reading a tape: the worker and beat refuse to
+# start on it unless this is set (carousel/deploy.py).
+CAROUSEL_ALLOW_IMMEDIATE = env_bool("CAROUSEL_ALLOW_IMMEDIATE", False)
 # Keyword arguments of the stager's class, as JSON (e.g. {"url": ..., "token_file": ...}).
 CAROUSEL_STAGER_OPTIONS = json.loads(os.environ.get("CAROUSEL_STAGER_OPTIONS") or "{}")
 CAROUSEL_DELIVERIES = {
@@ -221,9 +244,25 @@ CAROUSEL_DESTINATION_ROOTS = [p for p in os.environ.get("CAROUSEL_DESTINATION_RO
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
 CAROUSEL_MAX_PATH_BYTES = 4096
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"carousel": {"handlers": ["console"], "level": os.environ.get("CAROUSEL_LOG_LEVEL", "INFO")}},
-}
+# Who may scrape /metrics (carousel/metrics.py): clients from these networks (CIDR,
+# comma-separated), or with `Authorization: Bearer <CAROUSEL_METRICS_TOKEN>`. Open on the
+# embedded default; loopback only when DATABASE_URL is set and nothing is said.
+_EMBEDDED = "DATABASE_URL" not in os.environ
+CAROUSEL_METRICS_ALLOW = env_list("CAROUSEL_METRICS_ALLOW") or (
+    ["0.0.0.0/0", "::/0"] if _EMBEDDED else ["127.0.0.1/32", "::1/128"])
+CAROUSEL_METRICS_TOKEN = os.environ.get("CAROUSEL_METRICS_TOKEN", "")
+
+# Retention (carousel/retention.py): finished requests, transitions, jobs and submissions
+# (the Tape REST door's stage requests among them) older than this are pruned; the rolled-up
+# usage rows and the metrics' counters stay.
+CAROUSEL_RETENTION_DAYS = float(os.environ.get("CAROUSEL_RETENTION_DAYS", "14"))
+CAROUSEL_RETENTION_EVERY_S = float(os.environ.get("CAROUSEL_RETENTION_EVERY_S", "3600"))
+CAROUSEL_RETENTION_BATCH = int(os.environ.get("CAROUSEL_RETENTION_BATCH", "2000"))
+CAROUSEL_RETENTION_BUDGET_S = float(os.environ.get("CAROUSEL_RETENTION_BUDGET_S", "300"))
+
+# Structured logs (carousel/logs.py): CAROUSEL_LOG_FORMAT=json (one object per line, with the
+# cycle, job and request ids where they exist) or text; by default text in a terminal, JSON
+# elsewhere. The Celery processes use this configuration too (carousel/celery.py).
+from carousel.logs import logging_config  # noqa: E402
+
+LOGGING = logging_config(level=os.environ.get("CAROUSEL_LOG_LEVEL", "INFO"))

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import usage, views
 
 app_name = "frontend"
 urlpatterns = [
@@ -9,4 +9,5 @@ urlpatterns = [
     path("requests/cancel/", views.cancel, name="cancel"),
     path("live/", views.live, name="live"),
     path("live/fragment/", views.live_fragment, name="live-fragment"),
+    path("usage/", usage.usage_page, name="usage"),
 ]

@@ -1,0 +1,83 @@
+"""GET /api/v1/usage/ and /api/v1/usage/csv/: the usage report (carousel/usage.py) of a period,
+per user or per group. Staff see every line; others their own (or their groups')."""
+from datetime import timedelta
+
+from django.http import HttpResponse
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from carousel import usage
+
+DEFAULT_DAYS = 7
+PARAMS = [
+    OpenApiParameter("since", OpenApiTypes.DATETIME, description="start (ISO 8601; default: 7 days before until)"),
+    OpenApiParameter("until", OpenApiTypes.DATETIME, description="end, excluded (default: now)"),
+    OpenApiParameter("by", OpenApiTypes.STR, enum=list(usage.BY), description="lines per user (default) or group"),
+]
+
+
+class PeriodSerializer(serializers.Serializer):
+    since = serializers.DateTimeField(required=False)
+    until = serializers.DateTimeField(required=False)
+    by = serializers.ChoiceField(choices=usage.BY, default="user")
+
+    def validate(self, data):
+        data.setdefault("until", timezone.now())
+        data.setdefault("since", data["until"] - timedelta(days=DEFAULT_DAYS))
+        if data["since"] >= data["until"]:
+            raise serializers.ValidationError({"since": "must be before until"})
+        return data
+
+
+def report_for(request):
+    """Parse the period (400 on bad input) and build the report the user may see."""
+    params = PeriodSerializer(data=request.query_params)
+    params.is_valid(raise_exception=True)
+    return usage.usage_report(viewer=request.user, **params.validated_data)
+
+
+class LineSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    requested_files = serializers.IntegerField()
+    requested_bytes = serializers.IntegerField()
+    restored_files = serializers.IntegerField()
+    restored_bytes = serializers.IntegerField()
+    failed = serializers.DictField(child=serializers.IntegerField(), help_text="requests failed for good, by class")
+    retries = serializers.IntegerField()
+    cancelled = serializers.IntegerField()
+    expired = serializers.IntegerField()
+    wait_p50_s = serializers.FloatField(allow_null=True, help_text="upper bound of the median's wait bucket")
+    wait_p95_s = serializers.FloatField(allow_null=True, help_text="upper bound of the 95th percentile's bucket")
+    wait_max_s = serializers.FloatField(allow_null=True)
+    mounts = serializers.FloatField()
+    drive_s = serializers.FloatField()
+    drive_share = serializers.FloatField()
+
+
+class ReportSerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    by = serializers.CharField()
+    wait_buckets_s = serializers.ListField(child=serializers.FloatField())
+    lines = LineSerializer(many=True)
+
+
+class UsageView(APIView):
+    @extend_schema(parameters=PARAMS, responses=ReportSerializer)
+    def get(self, request):
+        report = report_for(request)
+        return Response(ReportSerializer({**vars(report), "wait_buckets_s": usage.WAIT_BUCKETS_S}).data)
+
+
+class UsageCsvView(APIView):
+    @extend_schema(parameters=PARAMS, responses={(200, "text/csv"): OpenApiTypes.STR})
+    def get(self, request):
+        report = report_for(request)
+        response = HttpResponse(usage.usage_csv(report), content_type="text/csv; charset=utf-8")
+        name = f"carousel-usage-{report.by}-{report.since:%Y%m%dT%H}-{report.until:%Y%m%dT%H}.csv"
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response

@@ -1,0 +1,73 @@
+"""Users, groups and API tokens from the command line (manage.py user, group, token): each
+call states what should be, and running it again changes nothing, so a site can keep its
+accounts in a script."""
+from django.contrib.auth.models import Group, User
+from django.db import transaction
+from rest_framework.authtoken.models import Token
+
+from .models import Account, GroupShare
+
+
+class AccountError(ValueError):
+    pass
+
+
+@transaction.atomic
+def ensure_group(name, *, weight=None, inflight_cap=None):
+    """The group `name` with its share row; given values replace the stored ones."""
+    group, _ = Group.objects.get_or_create(name=name)
+    share, _ = GroupShare.objects.get_or_create(group=group)
+    changes = {k: v for k, v in (("weight", weight), ("inflight_cap", inflight_cap)) if v is not None}
+    if "weight" in changes and changes["weight"] <= 0:
+        raise AccountError(f"weight must be greater than 0, got {weight}")
+    if changes:
+        GroupShare.objects.filter(pk=share.pk).update(**changes)
+    return group
+
+
+@transaction.atomic
+def ensure_user(username, *, email=None, groups=None, staff=None, superuser=None, password=None,
+                inflight_cap=None, queued_ceiling=None):
+    """The user `username`. `groups` (names, existing ones) become exactly the user's groups,
+    the first being the one whose share the user's requests draw on. Only what is given is
+    changed; a new user without a password can log in with an API token only."""
+    user, created = User.objects.get_or_create(username=username)
+    if created and password is None:
+        user.set_unusable_password()
+    if password is not None:
+        user.set_password(password)
+    if email is not None:
+        user.email = email
+    if staff is not None:
+        user.is_staff = staff
+    if superuser is not None:
+        user.is_superuser = superuser
+        user.is_staff = user.is_staff or superuser
+    user.save()
+    account, _ = Account.objects.get_or_create(user=user)
+    if groups is not None:
+        found = {g.name: g for g in Group.objects.filter(name__in=groups)}
+        missing = [name for name in groups if name not in found]
+        if missing:
+            raise AccountError(f"no such group: {', '.join(missing)} (create it with `manage.py group NAME`)")
+        user.groups.set(found.values())
+        account.group = found[groups[0]] if groups else None
+    if inflight_cap is not None:
+        account.inflight_cap = inflight_cap or None
+    if queued_ceiling is not None:
+        account.queued_ceiling = queued_ceiling or None
+    account.save()
+    return user
+
+
+def api_token(username, *, rotate=False):
+    """The user's API token key, created when missing; `rotate` replaces it."""
+    try:
+        user = User.objects.get(username=username)
+    except User.DoesNotExist:
+        raise AccountError(f"no such user: {username} (create it with `manage.py user {username}`)") from None
+    with transaction.atomic():
+        if rotate:
+            Token.objects.filter(user=user).delete()
+        token, _ = Token.objects.get_or_create(user=user)
+    return token.key

@@ -1,0 +1,54 @@
+from datetime import datetime, timezone
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils.dateparse import parse_date, parse_datetime
+
+from carousel.export import ExportError, export_workload, write_workload
+
+
+def _moment(text):
+    """An ISO 8601 date-time (UTC when no offset is given) or a date (its midnight, UTC)."""
+    parsed = parse_datetime(text)
+    if parsed is None and (day := parse_date(text)) is not None:
+        parsed = datetime(day.year, day.month, day.day)
+    if parsed is None:
+        raise ValueError(text)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _drives(text):
+    out = {}
+    for part in text.split(","):
+        media, sep, count = part.partition("=")
+        if not sep or not count.strip().isdigit():
+            raise ValueError(text)
+        out[media.strip()] = int(count)
+    return out
+
+
+class Command(BaseCommand):
+    help = ("Write the requests created from --since to --until as a carousel-workload/1 file (.json or .json.gz), "
+            "to replay with `manage.py simulate` under another policy.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("file")
+        parser.add_argument("--since", type=_moment, required=True, help="ISO 8601 date-time or date (UTC)")
+        parser.add_argument("--until", type=_moment, required=True, help="ISO 8601 date-time or date (UTC), excluded")
+        parser.add_argument("--drives", type=_drives, help="the library's drives, e.g. LTO-8=10,LTO-9=4 "
+                                                           "(default: as the stager reports them)")
+        parser.add_argument("--media", help="the technology of tapes the stager gave none for")
+        parser.add_argument("--name", help="the workload's name")
+
+    def handle(self, *args, file, since, until, drives, media, name, **options):
+        if since >= until:
+            raise CommandError("--since must be before --until")
+        try:
+            data = export_workload(since=since, until=until, drives=drives, media=media, name=name)
+        except ExportError as exc:
+            raise CommandError(str(exc)) from exc
+        write_workload(data, file)
+        self.stdout.write(f"{file}: {len(data['requests'])} requests of {len(data['users'])} users, "
+                          f"{sum(len(t['files']) for t in data['tapes'])} files on {len(data['tapes'])} tapes")
+        if not data["positions_known"]:
+            self.stderr.write("warning: the stager reported no positions; this workload is only good for questions "
+                              "of sharing (see its description)")

@@ -1,0 +1,141 @@
+"""Usage reports, as ERADAT and DataCarousel kept them: per user or per group over a period,
+read from the rolled-up rows (UsageDay, UsageWait) that triggers keep and retention leaves, so
+a year's report reads days x users rows, never the requests.
+
+Waits (submission to restored) are counted in the fixed buckets of WAIT_BUCKETS_S: a percentile
+is given as the upper bound of the bucket it falls in (never above the longest wait, which is
+exact), so it is within its bucket of the true value. Mounts and drive seconds are the jobs'
+that carried the user's files, shared among the users by their files in each job; the drive
+share is the line's drive seconds over the period's."""
+import csv
+import io
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta, timezone as dt_timezone
+
+from django.contrib.auth.models import Group, User
+from django.db.models import Max, Sum
+
+from .models import WAIT_BUCKETS_S, UsageDay, UsageWait
+
+BY = ("user", "group")
+FAILURE_CLASSES = ("transient", "permanent", "user", "delivery", "other")
+SUMMED = ("requested_files", "requested_bytes", "restored_files", "restored_bytes",
+          *(f"failed_{c}" for c in FAILURE_CLASSES), "retries", "cancelled", "expired", "wait_sum_s", "mounts",
+          "drive_s")
+CSV_COLUMNS = ("name", "requested_files", "requested_bytes", "restored_files", "restored_bytes",
+               *(f"failed_{c}" for c in FAILURE_CLASSES), "retries", "cancelled", "expired",
+               "wait_p50_s", "wait_p95_s", "wait_max_s", "mounts", "drive_s", "drive_share")
+
+
+@dataclass
+class UsageLine:
+    key: int  # user id or group id (0: requests of no group)
+    name: str
+    requested_files: int = 0
+    requested_bytes: int = 0
+    restored_files: int = 0
+    restored_bytes: int = 0
+    failed: dict = field(default_factory=dict)  # class -> requests failed for good
+    retries: int = 0
+    cancelled: int = 0
+    expired: int = 0
+    wait_p50_s: float | None = None
+    wait_p95_s: float | None = None
+    wait_max_s: float | None = None
+    wait_buckets: list = field(default_factory=list)  # restored requests per bucket of WAIT_BUCKETS_S (+ beyond)
+    mounts: float = 0.0
+    drive_s: float = 0.0
+    drive_share: float = 0.0
+
+    def as_row(self):
+        data = asdict(self)
+        data.update({f"failed_{c}": self.failed.get(c, 0) for c in FAILURE_CLASSES})
+        return [data[c] if not isinstance(data[c], float) else round(data[c], 3) for c in CSV_COLUMNS]
+
+
+@dataclass
+class UsageReport:
+    since: object
+    until: object
+    by: str
+    lines: list
+    total_drive_s: float
+
+
+def day_floor(t):
+    return t.astimezone(dt_timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def day_ceil(t):
+    floor = day_floor(t)
+    return floor if floor == t else floor + timedelta(days=1)
+
+
+def percentile_from_buckets(counts, q, longest):
+    """The upper bound of the bucket holding the q-quantile (nearest rank), capped by the
+    longest wait; None when nothing is counted."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for i, n in enumerate(counts):
+        seen += n
+        if seen >= rank:
+            bound = WAIT_BUCKETS_S[i] if i < len(WAIT_BUCKETS_S) else math.inf
+            return min(float(bound), longest)
+    return longest
+
+
+def usage_report(*, since, until, by="user", viewer=None):
+    """Lines per user or per group for the whole days (UTC) from since to until (until excluded;
+    a period is widened to whole days, the rows' grain).
+    A viewer who is not staff sees their own line (by user) or their groups' (by group)."""
+    if by not in BY:
+        raise ValueError(f"by must be one of {', '.join(BY)}")
+    since, until = day_floor(since), day_ceil(until)
+    key = "user_id" if by == "user" else "group_key"
+    days = UsageDay.objects.filter(day__gte=since, day__lt=until)
+    waits = UsageWait.objects.filter(day__gte=since, day__lt=until)
+    total_drive = days.aggregate(s=Sum("drive_s"))["s"] or 0.0
+    if viewer is not None and not viewer.is_staff:
+        if by == "user":
+            days, waits = days.filter(user_id=viewer.id), waits.filter(user_id=viewer.id)
+        else:
+            mine = list(viewer.groups.values_list("id", flat=True))
+            days, waits = days.filter(group_key__in=mine), waits.filter(group_key__in=mine)
+    rows = {r[key]: r for r in days.values(key).annotate(**{f: Sum(f) for f in SUMMED}, wait_max=Max("wait_max_s"))
+            .order_by(key)}
+    buckets = {}
+    for k, bucket, files in waits.values_list(key, "bucket").annotate(n=Sum("files")).order_by():
+        buckets.setdefault(k, [0] * (len(WAIT_BUCKETS_S) + 1))[bucket] += files
+    model = User if by == "user" else Group
+    field_name = "username" if by == "user" else "name"
+    names = dict(model.objects.filter(id__in=rows).values_list("id", field_name))
+    lines = []
+    for k, r in rows.items():
+        counts = buckets.get(k, [0] * (len(WAIT_BUCKETS_S) + 1))
+        longest = r["wait_max"] if r["restored_files"] else None
+        lines.append(UsageLine(
+            key=k, name=names.get(k, "(no group)" if by == "group" and k == 0 else f"#{k}"),
+            requested_files=r["requested_files"], requested_bytes=r["requested_bytes"],
+            restored_files=r["restored_files"], restored_bytes=r["restored_bytes"],
+            failed={c: r[f"failed_{c}"] for c in FAILURE_CLASSES}, retries=r["retries"], cancelled=r["cancelled"],
+            expired=r["expired"], wait_buckets=counts,
+            wait_p50_s=percentile_from_buckets(counts, 0.5, longest) if longest is not None else None,
+            wait_p95_s=percentile_from_buckets(counts, 0.95, longest) if longest is not None else None,
+            wait_max_s=longest, mounts=r["mounts"], drive_s=r["drive_s"],
+            drive_share=(r["drive_s"] / total_drive) if total_drive else 0.0))
+    lines.sort(key=lambda line: (-line.restored_bytes, line.name))
+    return UsageReport(since=since, until=until, by=by, lines=lines, total_drive_s=total_drive)
+
+
+def usage_csv(report):
+    """The report as CSV text: a header, one line per user or group."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for line in report.lines:
+        writer.writerow(["" if v is None else v for v in line.as_row()])
+    return out.getvalue()

@@ -1,0 +1,58 @@
+"""The usage page: the report of carousel/usage.py for a period, per user or group, with a CSV
+export. Staff see every line; others their own (or their groups')."""
+from datetime import datetime, time, timedelta, timezone as dt_timezone
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from carousel import usage
+
+
+class PeriodForm(forms.Form):
+    since = forms.DateField(required=False, label="From (UTC day)", widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, label="To (UTC day, included)",
+                            widget=forms.DateInput(attrs={"type": "date"}))
+    by = forms.ChoiceField(choices=[("user", "per user"), ("group", "per group")], required=False, label="Lines")
+
+    def clean(self):
+        data = super().clean()
+        today = timezone.now().date()
+        until = data.get("until") or today
+        since = data.get("since") or until - timedelta(days=6)
+        if since > until:
+            raise forms.ValidationError("The first day must not be after the last.")
+        data.update(since=since, until=until, by=data.get("by") or "user")
+        return data
+
+    def period(self):
+        d = self.cleaned_data
+        return (datetime.combine(d["since"], time(), dt_timezone.utc),
+                datetime.combine(d["until"] + timedelta(days=1), time(), dt_timezone.utc), d["by"])
+
+
+@login_required
+def usage_page(request):
+    form = PeriodForm(request.GET or None)
+    if request.GET and not form.is_valid():
+        return render(request, "frontend/usage.html", {"form": form}, status=400)
+    if not request.GET:
+        form = PeriodForm({})
+        form.is_valid()
+    since, until, by = form.period()
+    report = usage.usage_report(since=since, until=until, by=by, viewer=request.user)
+    if request.GET.get("format") == "csv":
+        response = HttpResponse(usage.usage_csv(report), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = (f'attachment; filename="carousel-usage-{by}-{since:%Y%m%d}-'
+                                           f'{until:%Y%m%d}.csv"')
+        return response
+    query = request.GET.copy()
+    query["format"] = "csv"
+    largest = max((line.restored_bytes for line in report.lines), default=0)
+    rows = [(line, round(100 * line.restored_bytes / largest) if largest else 0, round(100 * line.drive_share))
+            for line in report.lines]
+    return render(request, "frontend/usage.html", {"form": form, "report": report, "rows": rows,
+                                                   "csv_query": query.urlencode(),
+                                                   "sees_all": request.user.is_staff})

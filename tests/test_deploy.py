@@ -1,0 +1,195 @@
+"""A deployment safe on day one: the compose file, the loop's refusal of a faking stager, the
+settings for a TLS proxy, the account commands, the demo accounts' refusal, the notice of a
+simulated library on every page."""
+import json
+import os
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+import yaml
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from carousel.models import Account, GroupShare
+
+ROOT = Path(__file__).resolve().parent.parent
+LOOP_SERVICES = ("web", "worker", "delivery", "beat", "migrate")
+
+
+def _clean_env(**extra):
+    """The environment without the test servers' and the operator's settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAROUSEL_", "DATABASE_URL", "REDIS_URL",
+                                                                     "CSRF_", "SECURE_"))}
+    env.update(extra)
+    return env
+
+
+def test_compose_file_is_valid_with_a_stager_that_reads_tape_by_default_and_var_as_a_volume():
+    out = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"],
+                         env=_clean_env(SECRET_KEY="compose-test"), capture_output=True, text=True, check=True)
+    config = yaml.safe_load(out.stdout)
+    for name in LOOP_SERVICES:
+        env = config["services"][name]["environment"]
+        assert env["CAROUSEL_STAGER"] == "simulated", name
+        assert env["CAROUSEL_ALLOW_IMMEDIATE"] in ("0", 0, "", None), name
+        assert any(v.startswith(f"carousel-var:{env['CAROUSEL_VAR_DIR']}") for v in config["services"][name]["volumes"])
+    assert "carousel-var" in config["volumes"]
+    # One beat only.
+    assert [n for n, s in config["services"].items() if " beat" in str(s.get("command"))] == ["beat"]
+
+
+def _celery(role, tmp_path, **env):
+    cmd = [sys.executable, "-m", "celery", "-A", "carousel", role, "--loglevel=WARNING"]
+    cmd += ["--pool=solo", "-Q", "celery"] if role == "worker" else ["-s", str(tmp_path / "beat-schedule")]
+    return subprocess.run(cmd, env=_clean_env(CAROUSEL_VAR_DIR=str(tmp_path), **env), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("role", ["worker", "beat"])
+def test_the_loop_refuses_to_start_on_the_immediate_stager(role, tmp_path):
+    result = _celery(role, tmp_path, CAROUSEL_STAGER="immediate")
+    assert result.returncode == 2
+    assert "refuses to start" in result.stdout + result.stderr
+
+
+def test_the_loop_starts_on_immediate_when_told_explicitly(settings):
+    from carousel.deploy import check_loop_stager
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.CAROUSEL_STAGER = "immediate"
+    settings.CAROUSEL_ALLOW_IMMEDIATE = False
+    with pytest.raises(ImproperlyConfigured):
+        check_loop_stager()
+    settings.CAROUSEL_ALLOW_IMMEDIATE = True
+    check_loop_stager()
+    settings.CAROUSEL_STAGER = "simulated"
+    settings.CAROUSEL_ALLOW_IMMEDIATE = False
+    check_loop_stager()
+
+
+def _settings_in(env, *names):
+    code = ("import json, django; from django.conf import settings; django.setup(); "
+            f"print(json.dumps({{n: getattr(settings, n, None) for n in {list(names)!r}}}, default=str))")
+    out = subprocess.run([sys.executable, "-c", code], env=_clean_env(DJANGO_SETTINGS_MODULE="carousel.settings",
+                                                                      **env),
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_proxy_settings_come_from_the_environment(tmp_path):
+    names = ("CSRF_TRUSTED_ORIGINS", "SECURE_PROXY_SSL_HEADER", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE")
+    default = _settings_in({"CAROUSEL_VAR_DIR": str(tmp_path)}, *names)
+    assert default == {"CSRF_TRUSTED_ORIGINS": [], "SECURE_PROXY_SSL_HEADER": None, "SESSION_COOKIE_SECURE": False,
+                       "CSRF_COOKIE_SECURE": False}
+    proxied = _settings_in({"CAROUSEL_VAR_DIR": str(tmp_path),
+                            "CSRF_TRUSTED_ORIGINS": "https://carousel.example.org, https://tape.example.org",
+                            "SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto: https", "SECURE_COOKIES": "1"}, *names)
+    assert proxied == {"CSRF_TRUSTED_ORIGINS": ["https://carousel.example.org", "https://tape.example.org"],
+                       "SECURE_PROXY_SSL_HEADER": ["HTTP_X_FORWARDED_PROTO", "https"],
+                       "SESSION_COOKIE_SECURE": True, "CSRF_COOKIE_SECURE": True}
+
+
+def test_a_form_post_through_a_tls_proxy_passes_the_csrf_check(settings, alice):
+    settings.ALLOWED_HOSTS = ["carousel.example.org"]
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    proxy = {"HTTP_HOST": "carousel.example.org", "HTTP_X_FORWARDED_PROTO": "https",
+             "HTTP_ORIGIN": "https://carousel.example.org", "HTTP_REFERER": "https://carousel.example.org/accounts/login/"}
+
+    def login():
+        client = Client(enforce_csrf_checks=True)
+        page = client.get("/accounts/login/", **proxy)
+        token = page.cookies["csrftoken"].value
+        return client.post("/accounts/login/", {"username": "alice", "password": "alice-pw",
+                                                "csrfmiddlewaretoken": token}, **proxy)
+
+    settings.CSRF_TRUSTED_ORIGINS = []
+    # The proxy's header says the client spoke HTTPS: the https Origin is this site's own.
+    assert login().status_code == 302
+    # Without SECURE_PROXY_SSL_HEADER the request looks like plain HTTP from an https origin:
+    # every form POST is refused (the day-one failure).
+    settings.SECURE_PROXY_SSL_HEADER = None
+    assert login().status_code == 403
+    # CSRF_TRUSTED_ORIGINS alone lets that origin through.
+    settings.CSRF_TRUSTED_ORIGINS = ["https://carousel.example.org"]
+    assert login().status_code == 302
+
+
+def test_user_group_token_commands_are_idempotent_and_scriptable(db, monkeypatch):
+    call_command("group", "cms", "--weight", "3")
+    call_command("group", "cms", "--weight", "3")
+    call_command("group", "atlas")
+    assert GroupShare.objects.get(group__name="cms").weight == 3.0
+    monkeypatch.setenv("PW", "s3cret")
+    out = StringIO()
+    call_command("user", "dana", "--group", "cms", "--group", "atlas", "--email", "d@example.org",
+                 "--password-env", "PW", "--token", stdout=out)
+    token = out.getvalue().strip()
+    again = StringIO()
+    call_command("user", "dana", "--group", "cms", "--group", "atlas", "--password-env", "PW", "--token",
+                 stdout=again)
+    assert again.getvalue().strip() == token == Token.objects.get(user__username="dana").key
+    dana = User.objects.get(username="dana")
+    assert sorted(dana.groups.values_list("name", flat=True)) == ["atlas", "cms"]
+    assert Account.objects.get(user=dana).group.name == "cms"
+    assert dana.check_password("s3cret") and dana.email == "d@example.org" and not dana.is_staff
+    assert User.objects.filter(username="dana").count() == 1
+    # Exactly the groups given: a later call moves the user.
+    call_command("user", "dana", "--group", "atlas")
+    assert list(dana.groups.values_list("name", flat=True)) == ["atlas"]
+    assert Account.objects.get(user=dana).group.name == "atlas"
+    # The token command prints the same token; --rotate replaces it.
+    out = StringIO()
+    call_command("token", "dana", stdout=out)
+    assert out.getvalue().strip() == token
+    out = StringIO()
+    call_command("token", "dana", "--rotate", stdout=out)
+    assert out.getvalue().strip() != token and not Token.objects.filter(key=token).exists()
+    # A user made without a password logs in with its token only.
+    call_command("user", "svc")
+    assert not User.objects.get(username="svc").has_usable_password()
+    with pytest.raises(CommandError, match="no such group: nope"):
+        call_command("user", "erin", "--group", "nope")
+    assert not User.objects.filter(username="erin").exists()  # nothing half stored
+    with pytest.raises(CommandError, match="no such user"):
+        call_command("token", "nobody")
+
+
+def test_the_token_from_the_command_authenticates_the_api(db):
+    out = StringIO()
+    call_command("user", "frank", "--token", stdout=out)
+    client = Client()
+    assert client.get("/api/v1/summary/", HTTP_AUTHORIZATION=f"Token {out.getvalue().strip()}").status_code == 200
+
+
+def test_demo_accounts_are_refused_outside_the_embedded_default(db):
+    # The test database is PostgreSQL: not the embedded default.
+    with pytest.raises(CommandError, match="refusing to create the demo accounts"):
+        call_command("demo", "--no-requests")
+    assert not User.objects.filter(username="operator").exists()
+    call_command("demo", "--no-requests", "--any-database", stdout=StringIO())
+    assert User.objects.get(username="operator").is_superuser
+
+
+def test_the_embedded_default_is_recognised(tmp_path):
+    code = "import django; django.setup(); from carousel.deploy import is_embedded_database as e; print(e())"
+    run = lambda **env: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code], env=_clean_env(DJANGO_SETTINGS_MODULE="carousel.settings",
+                                                     CAROUSEL_VAR_DIR=str(tmp_path), **env),
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert run() == "True"
+    assert run(DATABASE_URL=f"sqlite:///{tmp_path}/other.sqlite3") == "False"
+    assert run(DATABASE_URL="postgres://carousel@127.0.0.1:1/carousel") == "False"
+
+
+@pytest.mark.parametrize("stager, shown", [("simulated", True), ("hpss", False)])
+def test_every_page_says_when_the_library_is_simulated(settings, client, operator, stager, shown):
+    settings.CAROUSEL_STAGER = stager
+    client.force_login(operator)
+    for url in ("/", "/restore/", "/live/", "/admin/", "/accounts/login/"):
+        page = client.get(url).content.decode()
+        assert ("Simulated tape library" in page) is shown, url
