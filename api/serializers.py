@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from carousel.models import Bulk, RestoreRequest
+from carousel.models import Bulk, RequestState, RestoreRequest
 
 
 class StrictSerializer(serializers.Serializer):
@@ -55,13 +55,18 @@ class SubmitResultSerializer(serializers.Serializer):
 class RequestSerializer(serializers.ModelSerializer):
     user = serializers.CharField(source="user.username", read_only=True)
     tape = serializers.CharField(source="tape.label", read_only=True, default=None)
+    disk_path = serializers.SerializerMethodField(help_text="Where the restored copy lies on the stager's disk "
+                                                            "(done requests whose stager says so); else null.")
 
     class Meta:
         model = RestoreRequest
-        fields = ["id", "path", "user", "state", "priority", "size", "tape", "position", "destination",
+        fields = ["id", "path", "user", "state", "priority", "size", "tape", "position", "destination", "disk_path",
                   "deadline", "pin_lifetime", "attempts", "error_class", "last_error", "job",
                   "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at"]
         read_only_fields = fields
+
+    def get_disk_path(self, obj) -> str | None:
+        return obj.staged_path or None if obj.state == RequestState.DONE else None
 
 
 class BulkSerializer(serializers.ModelSerializer):
