@@ -24,6 +24,8 @@ class SubmitSerializer(StrictSerializer):
                                              help_text="How long the restored copy stays on disk: "
                                                        "ISO 8601 (PT1H) or seconds.")
     notify = serializers.BooleanField(default=False)
+    label = serializers.CharField(max_length=255, required=False, allow_blank=True, default="",
+                                  help_text="Your own name for the submission (list bulks with ?label=).")
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -41,6 +43,8 @@ class SubmitSerializer(StrictSerializer):
         if "\x00" in value:
             raise serializers.ValidationError("contains a NUL byte")
         return value
+
+    validate_label = validate_destination
 
 
 class SubmitResultSerializer(serializers.Serializer):
@@ -74,7 +78,7 @@ class BulkSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Bulk
-        fields = ["id", "user", "created_at", "files", "created", "notify"]
+        fields = ["id", "user", "created_at", "files", "created", "notify", "label"]
         read_only_fields = fields
 
 

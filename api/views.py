@@ -90,6 +90,16 @@ class RequestDetail(generics.RetrieveAPIView):
     def get_queryset(self):
         return selectors.visible_requests(self.request.user).select_related("tape", "user")
 
+    def retrieve(self, request, *args, **kwargs):
+        # One request also says where it stands and why not yet, as the web page does.
+        req = self.get_object()
+        outlook = selectors.request_outlooks([req], user=req.user,
+                                             ctx=selectors.queue_context(user=req.user, now=timezone.now()))[req.id]
+        body = self.get_serializer(req).data
+        body["outlook"] = {"reasons": list(outlook.reasons), "eta_s": outlook.eta and list(outlook.eta),
+                           "ahead": outlook.ahead}
+        return Response(body)
+
 
 def _cancel(queryset):
     count, pairs = services.request_cancel(queryset=queryset, now=timezone.now())
@@ -118,7 +128,13 @@ class BulkList(generics.ListAPIView):
     pagination_class = NewestFirst
 
     def get_queryset(self):
-        return selectors.visible_bulks(self.request.user).select_related("user")
+        qs = selectors.visible_bulks(self.request.user).select_related("user")
+        label = self.request.query_params.get("label")
+        return qs.filter(label=label) if label else qs
+
+    @extend_schema(parameters=[OpenApiParameter("label", OpenApiTypes.STR, description="only this label")])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
 
 
 class BulkDetail(APIView):
