@@ -123,6 +123,26 @@ class RequestCancelMany(APIView):
         return _cancel(selectors.visible_requests(request.user).filter(pk__in=form.validated_data["ids"]))
 
 
+class PathsSerializer(s.StrictSerializer):
+    paths = serializers.ListField(child=serializers.CharField(max_length=4096), allow_empty=False, max_length=10_000)
+
+
+class RequestRelease(APIView):
+    @extend_schema(request=PathsSerializer, responses={200: OpenApiTypes.OBJECT},
+                   description="End your pins on these files (XRootD's evict): the stager may drop copies no "
+                               "one else pins. Deletes nothing itself.")
+    def post(self, request):
+        form = PathsSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            from carousel.pins import release_pins  # issue 10's pins (helper c)
+        except ImportError:
+            return Response({"status": 501, "code": "not_implemented",
+                             "detail": "this Carousel has no pins to release"}, status=501)
+        return Response({"released": release_pins(user=request.user, paths=form.validated_data["paths"],
+                                                  now=timezone.now())})
+
+
 class BulkList(generics.ListAPIView):
     serializer_class = s.BulkSerializer
     pagination_class = NewestFirst
