@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ADDR ?= 127.0.0.1:8000
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 
-.PHONY: run test venv services test-python smoke-sqlite compose-check worker clean
+.PHONY: run test venv client services test-python smoke-sqlite compose-check worker clean
 
 venv: $(STAMP)
 $(STAMP): requirements.txt
@@ -16,9 +16,22 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	touch $(STAMP)
 
+# The thin clients (client/: `carousel`, the XRootD hooks), installed as a package, not editable,
+# so that their programs are on $(VENV)/bin as a user's pip would put them, even when .venv
+# already had the server's requirements. Reinstalled when their sources change.
+CLIENT_STAMP := $(VENV)/.client-installed
+CLIENT_SOURCES := client/pyproject.toml $(wildcard client/carousel_client/*.py)
+client: $(CLIENT_STAMP)
+$(CLIENT_STAMP): $(STAMP) $(CLIENT_SOURCES)
+	rm -rf client/build
+	$(PY) -m pip install -q --force-reinstall --no-deps ./client
+	$(PY) -m pip install -q ./client
+	rm -rf client/build client/*.egg-info
+	touch $(CLIENT_STAMP)
+
 # The embedded default: SQLite under var/, Celery on its filesystem transport, beat inside the
 # worker. With DATABASE_URL and REDIS_URL set, the same targets use PostgreSQL and Redis.
-run: venv
+run: venv client
 	mkdir -p var/static
 	$(PY) manage.py migrate --noinput
 	@# Demo accounts only on the embedded default; DEMO=1 asks for them in another database.
@@ -38,11 +51,14 @@ services:
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	command -v runuser >/dev/null || missing="$$missing util-linux"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v xrootd >/dev/null || missing="$$missing xrootd-server"; \
+	command -v xrdfs >/dev/null || missing="$$missing xrootd-client"; \
+	ls /usr/lib/*/libXrdOfsPrepGPI-5.so >/dev/null 2>&1 || missing="$$missing xrootd-server-plugins"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; apt-get update -q && $(APT_INSTALL) $$missing; \
 	fi
 
-test: venv services
+test: venv client services
 	$(PY) -m carousel.localservices -- $(MAKE) --no-print-directory test-python
 	$(MAKE) --no-print-directory smoke-sqlite compose-check
 

@@ -42,6 +42,8 @@ class SubmitSerializer(StrictSerializer):
                                              help_text="How long the restored copy stays on disk: "
                                                        "ISO 8601 (PT1H) or seconds; from 1 second to 365 days.")
     notify = serializers.BooleanField(default=False)
+    label = serializers.CharField(max_length=255, required=False, allow_blank=True, default="",
+                                  help_text="Your own name for the submission (list bulks with ?label=).")
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -60,6 +62,11 @@ class SubmitSerializer(StrictSerializer):
         value, message = check_destination(value, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
         if message:
             raise serializers.ValidationError(message)
+        return value
+
+    def validate_label(self, value):
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise serializers.ValidationError("contains a control character")
         return value
 
 
@@ -109,13 +116,18 @@ class RequestSerializer(PlainFieldsFirst, serializers.ModelSerializer):
     user = serializers.CharField(source="user.username", read_only=True)
     tape = serializers.CharField(source="tape.label", read_only=True, default=None, allow_null=True,
                                  help_text="the tape's label, null until the file is located")
+    disk_path = serializers.SerializerMethodField(help_text="Where the restored copy lies on the stager's disk "
+                                                            "(done requests whose stager says so); else null.")
 
     class Meta:
         model = RestoreRequest
-        fields = ["id", "path", "user", "state", "priority", "size", "tape", "position", "destination",
+        fields = ["id", "path", "user", "state", "priority", "size", "tape", "position", "destination", "disk_path",
                   "deadline", "pin_lifetime", "attempts", "error_class", "last_error", "job",
                   "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at"]
         read_only_fields = fields
+
+    def get_disk_path(self, obj) -> str | None:
+        return obj.staged_path or None if obj.state == RequestState.DONE else None
 
 
 class BulkSerializer(serializers.ModelSerializer):
@@ -123,7 +135,7 @@ class BulkSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Bulk
-        fields = ["id", "user", "created_at", "files", "created", "notify"]
+        fields = ["id", "user", "created_at", "files", "created", "notify", "label"]
         read_only_fields = fields
 
 

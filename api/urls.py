@@ -7,6 +7,7 @@ app_name = "api"
 urlpatterns = [
     path("requests/", views.RequestListCreate.as_view(), name="request-list"),
     path("requests/cancel/", views.RequestCancelMany.as_view(), name="request-cancel-many"),
+    path("requests/release/", views.RequestRelease.as_view(), name="request-release"),
     path("requests/<int:pk>/", views.RequestDetail.as_view(), name="request-detail"),
     path("requests/<int:pk>/cancel/", views.RequestCancel.as_view(), name="request-cancel"),
     path("bulks/", views.BulkList.as_view(), name="bulk-list"),

@@ -75,6 +75,16 @@ class RequestDetail(generics.RetrieveAPIView):
     def get_queryset(self):
         return selectors.visible_requests(self.request.user).select_related("tape", "user")
 
+    def retrieve(self, request, *args, **kwargs):
+        # One request also says where it stands and why not yet, as the web page does.
+        req = self.get_object()
+        outlook = selectors.request_outlooks([req], user=req.user,
+                                             ctx=selectors.queue_context(user=req.user, now=timezone.now()))[req.id]
+        body = self.get_serializer(req).data
+        body["outlook"] = {"reasons": list(outlook.reasons), "eta_s": outlook.eta and list(outlook.eta),
+                           "ahead": outlook.ahead}
+        return Response(body)
+
 
 def _cancel(queryset):
     count, pairs = services.request_cancel(queryset=queryset, now=timezone.now())
@@ -102,12 +112,38 @@ class RequestCancelMany(APIView):
         return _cancel(selectors.cancellable_requests(request.user).filter(pk__in=form.validated_data["ids"]))
 
 
+class PathsSerializer(s.StrictSerializer):
+    paths = serializers.ListField(child=serializers.CharField(max_length=4096), allow_empty=False, max_length=10_000)
+
+
+class RequestRelease(APIView):
+    @extend_schema(request=PathsSerializer, responses={200: OpenApiTypes.OBJECT},
+                   description="End your pins on these files (XRootD's evict): the stager may drop copies no "
+                               "one else pins. Deletes nothing itself.")
+    def post(self, request):
+        form = PathsSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            from carousel.pins import release_pins  # issue 10's pins (helper c)
+        except ImportError:
+            return Response({"status": 501, "code": "not_implemented",
+                             "detail": "this Carousel has no pins to release"}, status=501)
+        return Response({"released": release_pins(user=request.user, paths=form.validated_data["paths"],
+                                                  now=timezone.now())})
+
+
 class BulkList(generics.ListAPIView):
     serializer_class = s.BulkSerializer
     pagination_class = NewestFirst
 
     def get_queryset(self):
-        return selectors.visible_bulks(self.request.user).select_related("user")
+        qs = selectors.visible_bulks(self.request.user).select_related("user")
+        label = self.request.query_params.get("label")
+        return qs.filter(label=label) if label else qs
+
+    @extend_schema(parameters=[OpenApiParameter("label", OpenApiTypes.STR, description="only this label")])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
 
 
 class BulkDetail(APIView):

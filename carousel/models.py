@@ -353,9 +353,13 @@ class Bulk(models.Model):
     created = models.PositiveIntegerField(help_text="Requests this submission created.")
     notify = models.BooleanField(default=False)
     notified_at = models.DateTimeField(null=True, blank=True)
+    # The client's own name for the submission: XRootD's prepare request id, so that a later
+    # query or cancel with that id finds it.
+    label = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         indexes = [models.Index(fields=["user", "-created_at"]),
+                   models.Index(fields=["label"], name="bulk_label", condition=~Q(label="")),
                    # The loop's completion notices look only at submissions still to be told.
                    models.Index(fields=["created_at"], name="bulk_notify_pending",
                                 condition=Q(notify=True, notified_at__isnull=True))]

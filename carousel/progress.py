@@ -3,7 +3,7 @@ retry, failed); tell the health judgement what was seen of the stager."""
 import logging
 
 from django.db import transaction
-from django.db.models import Case, Max, Value, When
+from django.db.models import Case, F, Max, TextField, Value, When
 
 from . import health as h, plugins
 from .failures import count_tape_failures, fail_requests, says_about_tape
@@ -166,6 +166,12 @@ def _staged(in_job, statuses, *, now):
         keys_left = RestoreRequest.objects.filter(path_key__in=keys, destination="")
     else:
         keys_left = RestoreRequest.objects.filter(path_key__in=keys)
-    n += request_transition(keys_left.exclude(state=S.DELIVERING), S.DONE, now=now)
+    # Where the copy lies, for those who read it from the stager's disk (API: disk_path).
+    on_disk = {p: d for p, d in disk_path.items() if d}
+    staged = {}
+    if on_disk:
+        staged["staged_path"] = Case(*[When(path=p, then=Value(d)) for p, d in on_disk.items()],
+                                     default=F("staged_path"), output_field=TextField())
+    n += request_transition(keys_left.exclude(state=S.DELIVERING), S.DONE, now=now, **staged)
     Tape.objects.filter(requests__path_key__in=keys, recent_failures__gt=0).update(recent_failures=0)
     return n

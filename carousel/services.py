@@ -56,7 +56,7 @@ class SubmitResult:
 
 
 def restore_submit(*, user, paths, now, priority=0, destination="", deadline=None, pin_lifetime=None,
-                   notify=False):
+                   notify=False, label=""):
     """Accept a whole submission or refuse it whole. Paths already active for this user give
     back the existing request; paths another user is already staging join that stage."""
     clean, errors = validate_paths(paths, max_count=settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION,
@@ -105,7 +105,8 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
                     f"your ceiling is {ceiling}. Wait for some to finish or cancel some, then submit again.")
 
         group = account.group or user.groups.order_by("id").first()
-        bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify)
+        bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify,
+                                   label=label)
         columns = ("user_id", "group_id", "path", "path_key", "priority", "destination", "deadline",
                    "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
                    "created_at", "updated_at", "submitted_at", "started_at")

@@ -6,14 +6,21 @@ clocks:
   flock, so the worker can restart and the web process can read status() at any time. Files
   lie where a deterministic synthetic catalogue puts them (tape from the directory, offset and
   size from the path).
+- bytes (options `archive_dir`, `disk_dir`, live mode only): the "tape" copy of path P is the
+  file archive_dir/P, and a path with no such file is one the tape system does not have; when
+  the library has read a file, its restored copy appears at disk_dir/P (written under a
+  temporary name and renamed, world-readable, so a reader such as XRootD never sees half a
+  file), and the stager reports that disk path. The sizes are the real files' sizes.
 - replay (carousel/sim/replay.py): the driver hands over a Library, the workload's files and a
   clock it sets itself.
 """
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -27,7 +34,8 @@ FORGET_AFTER_S = 86400.0  # simulated seconds a finished, reported job stays ans
 
 class SimulatedStager(Stager):
     def __init__(self, *, drives=None, speedup=20.0, media="LTO-8", tapes=40, robots=4, exchange_s=11.0,
-                 read_rate_mb_s=None, state_file=None, library=None, files=None, clock=None):
+                 read_rate_mb_s=None, state_file=None, library=None, files=None, clock=None, archive_dir=None,
+                 disk_dir=None):
         if library is not None:  # replay
             self.library, self.files, self.clock = library, files, clock
             return
@@ -38,6 +46,8 @@ class SimulatedStager(Stager):
         self.speedup, self.media, self.tapes = float(speedup), media, int(tapes)
         self.robots, self.exchange_s, self.read_rate_mb_s = robots, exchange_s, read_rate_mb_s
         self._state_file = state_file
+        self.archive_dir = Path(archive_dir) if archive_dir else None
+        self.disk_dir = Path(disk_dir) if disk_dir else None
 
     @property
     def state_file(self):
@@ -50,8 +60,8 @@ class SimulatedStager(Stager):
     # The contract -------------------------------------------------------------------------
 
     def locate(self, paths):
-        return [self._location(path) or LocateError(path, "permanent", "no such file in the simulated library")
-                for path in paths]
+        missing = "no such file on tape" if self.archive_dir else "no such file in the simulated library"
+        return [self._location(path) or LocateError(path, "permanent", missing) for path in paths]
 
     def submit(self, job):
         with self._session() as (library, _):
@@ -75,6 +85,8 @@ class SimulatedStager(Stager):
                     if library.now - at > FORGET_AFTER_S:
                         library.forget(job_id)
                         del reported[job_id]
+        if self.disk_dir is not None:  # outside the library's lock: copying takes time
+            answers = {job: [self._restored(st) for st in statuses] for job, statuses in answers.items()}
         return answers
 
     def cancel(self, backend_id, paths):
@@ -111,7 +123,28 @@ class SimulatedStager(Stager):
             file = self.files.get(path)
             return file and Location(path=path, tape=file.tape, position=file.offset, size=file.size,
                                      media=file.media)
-        return synthetic_location(path, media=self.media, tapes=self.tapes)
+        location = synthetic_location(path, media=self.media, tapes=self.tapes)
+        if self.archive_dir is None:
+            return location
+        tape_copy = _under(self.archive_dir, path)
+        if tape_copy is None or not tape_copy.is_file():
+            return None
+        return dataclasses.replace(location, size=tape_copy.stat().st_size)
+
+    def _restored(self, status):
+        """A file the library has read gets its disk copy (once) and says where it is."""
+        if status.state != "done":
+            return status
+        target, source = _under(self.disk_dir, status.path), _under(self.archive_dir, status.path)
+        if target is None:
+            return status
+        if not target.exists() and source is not None and source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temporary = target.with_name(f".{target.name}.{os.getpid()}.part")
+            shutil.copyfile(source, temporary)
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, target)
+        return dataclasses.replace(status, disk_path=str(target)) if target.exists() else status
 
     def _now(self, state):
         return (wall_clock() - state["started_at"]) * self.speedup
@@ -151,6 +184,15 @@ class SimulatedStager(Stager):
 
 def wall_clock():
     return time.time()
+
+
+def _under(root, path):
+    """root/path, or None when path would leave root (paths are validated at submission, but the
+    stager does not rely on it)."""
+    if root is None:
+        return None
+    candidate = (root / path.lstrip("/")).resolve()
+    return candidate if candidate.is_relative_to(root.resolve()) else None
 
 
 def _digest(text):

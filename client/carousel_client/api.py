@@ -1,0 +1,207 @@
+"""What every Carousel client shares: the configuration, the HTTP client (backing off on 429
+and on an unreachable or overloaded server), and the errors, each with the exit code that
+programs report."""
+import configparser
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from . import __version__
+
+# Exit codes of the `carousel` program (XRootD's hooks have their own: see xrd.py).
+EXIT_OK = 0
+EXIT_ERROR = 1  # anything unexpected
+EXIT_USAGE = 2  # bad command line (argparse's own code)
+EXIT_CONFIG = 3  # no server or no token configured, or an unreadable token file
+EXIT_AUTH = 4  # the server refused the token (401) or the action (403)
+EXIT_NOT_FOUND = 5  # no such submission, request or path
+EXIT_REFUSED = 6  # the server refused the input (400, 413, 409)
+EXIT_UNAVAILABLE = 7  # the server could not be reached, or kept failing or throttling
+EXIT_FAILED = 10  # wait: some files failed
+EXIT_CANCELLED = 11  # wait: none failed, but some were cancelled or expired
+EXIT_TIMEOUT = 12  # wait: --timeout passed first
+
+CONFIG_FILE = Path("~/.config/carousel/client.ini")
+API = "/api/v1/"
+
+
+class ClientError(Exception):
+    """What went wrong, what to do about it, and the exit code."""
+
+    def __init__(self, message, *, hint="", code=EXIT_ERROR, status=None, body=None):
+        super().__init__(message)
+        self.message, self.hint, self.code, self.status, self.body = message, hint, code, status, body
+
+    def as_dict(self):
+        return {"error": self.message, "hint": self.hint, "exit_code": self.code, "status": self.status}
+
+
+class Config:
+    def __init__(self, url, token):
+        self.url, self.token = url, token
+
+    @classmethod
+    def load(cls, env=None):
+        """The environment first, then the file in the user's home (XRootD runs the hooks without
+        a home: they rely on the environment)."""
+        env = os.environ if env is None else env
+        values = {}
+        home = env.get("HOME")
+        path = Path(env.get("CAROUSEL_CONFIG") or (Path(home) / CONFIG_FILE.relative_to("~") if home else ""))
+        if str(path) and path.is_file():
+            parser = configparser.ConfigParser()
+            try:
+                parser.read(path)
+            except configparser.Error as exc:
+                raise ClientError(f"cannot read {path}: {exc}", code=EXIT_CONFIG,
+                                  hint="it is an INI file with a [carousel] section (url, token or token_file)")
+            values = dict(parser["carousel"]) if parser.has_section("carousel") else {}
+        url = env.get("CAROUSEL_URL") or values.get("url")
+        if not url:
+            raise ClientError("no Carousel server configured", code=EXIT_CONFIG,
+                              hint=f"set CAROUSEL_URL (e.g. https://carousel.example.org) or url in {CONFIG_FILE}")
+        token = env.get("CAROUSEL_TOKEN") or None
+        token_file = None if token else (env.get("CAROUSEL_TOKEN_FILE") or None)
+        if not token and not token_file:
+            token, token_file = values.get("token") or None, values.get("token_file") or None
+        if token_file:
+            try:
+                token = Path(os.path.expanduser(token_file)).read_text().strip()
+            except OSError as exc:
+                raise ClientError(f"cannot read the token file {token_file}: {exc.strerror}", code=EXIT_CONFIG,
+                                  hint="check CAROUSEL_TOKEN_FILE and that this user may read it")
+        if not token:
+            raise ClientError("no API token configured", code=EXIT_CONFIG,
+                              hint=f"set CAROUSEL_TOKEN or CAROUSEL_TOKEN_FILE, or token in {CONFIG_FILE}; "
+                                   "your token is on your Carousel page or from your operator")
+        return cls(url.rstrip("/"), token)
+
+
+def authorization(token):
+    # Carousel's own API tokens are opaque keys; WLCG tokens (JWTs) travel as bearer tokens.
+    return f"Bearer {token}" if token.count(".") == 2 else f"Token {token}"
+
+
+class Client:
+    """One HTTP client for every program. Retries what may succeed later (429 with its
+    Retry-After, 502-504, a refused connection) with growing, jittered waits, up to `patience`
+    seconds in all; never retries a refusal."""
+
+    RETRY_STATUSES = (429, 502, 503, 504)
+
+    def __init__(self, config, *, patience=60.0, timeout=30.0, sleep=time.sleep, transport=None):
+        self.config, self.patience, self.sleep = config, patience, sleep
+        self.http = httpx.Client(base_url=config.url, timeout=timeout, transport=transport, headers={
+            "Authorization": authorization(config.token), "Accept": "application/json",
+            "User-Agent": f"carousel-client/{__version__}"})
+
+    def request(self, method, path, **kwargs):
+        url = path if path.startswith(("http://", "https://")) else API + path.lstrip("/")
+        waited, delay = 0.0, 1.0
+        while True:
+            try:
+                response = self.http.request(method, url, **kwargs)
+            except httpx.TransportError as exc:
+                response, failure = None, exc
+            else:
+                failure = None
+                if response.status_code not in self.RETRY_STATUSES:
+                    return self._answer(response)
+            pause = _retry_after(response) if response is not None else None
+            pause = delay * (0.5 + random.random()) if pause is None else pause
+            if waited + pause > self.patience:
+                if response is None:
+                    raise ClientError(f"cannot reach Carousel at {self.config.url}: {failure}", code=EXIT_UNAVAILABLE,
+                                      hint="check CAROUSEL_URL and that the server is running")
+                return self._answer(response)
+            self.sleep(pause)
+            waited += pause
+            delay = min(delay * 2, 30.0)
+
+    def get(self, path, **params):
+        return self.request("GET", path, params={k: v for k, v in params.items() if v not in (None, "")})
+
+    def post(self, path, body=None):
+        return self.request("POST", path, json=body)
+
+    def pages(self, path, **params):
+        """Every item of a paginated listing, page after page."""
+        page = self.get(path, page_size=1000, **params)
+        while True:
+            yield from page["results"]
+            if not page.get("next"):
+                return
+            page = self.request("GET", page["next"])
+
+    def _answer(self, response):
+        if response.is_success:
+            return response.json() if response.content else None
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"detail": response.text[:300].strip() or response.reason_phrase}
+        detail = body.get("detail") if isinstance(body, dict) else str(body)
+        status = response.status_code
+        if status == 401:
+            raise ClientError(f"the server refused the token: {detail}", code=EXIT_AUTH, status=status, body=body,
+                              hint="check CAROUSEL_TOKEN / CAROUSEL_TOKEN_FILE; the token may be wrong or revoked")
+        if status == 403:
+            raise ClientError(f"not allowed: {detail}", code=EXIT_AUTH, status=status, body=body,
+                              hint="ask your Carousel operator for access")
+        if status == 404:
+            raise ClientError(f"not found: {detail}", code=EXIT_NOT_FOUND, status=status, body=body)
+        if status == 429:
+            raise ClientError(f"the server kept asking to slow down: {detail}", code=EXIT_UNAVAILABLE,
+                              status=status, body=body, hint="try again later")
+        if 400 <= status < 500:
+            errors = body.get("errors") if isinstance(body, dict) else None
+            listed = "".join(f"\n  line {e.get('line')}: {e.get('path')}: {e.get('message')}" for e in errors[:20]) \
+                if errors else ""
+            raise ClientError(f"refused: {detail}{listed}", code=EXIT_REFUSED, status=status, body=body)
+        raise ClientError(f"the server failed ({status}): {detail}", code=EXIT_UNAVAILABLE, status=status, body=body,
+                          hint="try again later; if it persists, tell your Carousel operator")
+
+    # The calls the programs share ------------------------------------------------------
+
+    def submit(self, paths, **options):
+        return self.post("requests/", {"paths": list(paths), **{k: v for k, v in options.items() if v is not None}})
+
+    def requests_for_path(self, path, **filters):
+        """This user's requests for exactly `path`, newest first (the API filters by substring)."""
+        return [r for r in self.pages("requests/", path=path, **filters) if r["path"] == path]
+
+    def bulk_by_label(self, label):
+        found = self.get("bulks/", label=label)["results"]
+        return found[0] if found else None
+
+
+def _retry_after(response):
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def report(error, *, as_json=False, stream=None):
+    """Print an error the one way all programs do, and return its exit code."""
+    import json
+
+    stream = stream or sys.stderr
+    if as_json:
+        print(json.dumps(error.as_dict()), file=sys.stdout)
+    print(f"carousel: {error.message}", file=stream)
+    if error.hint:
+        print(f"  {error.hint}", file=stream)
+    return error.code

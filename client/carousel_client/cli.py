@@ -1,0 +1,320 @@
+"""`carousel`: the command line for people. Every command takes --json (anywhere, also after its
+own arguments) and then prints one JSON document for scripts; errors go to standard error with
+what to do, and the exit code says what happened (api.EXIT_*)."""
+import argparse
+import json
+import re
+import sys
+import time
+import uuid
+
+from . import api
+from .api import ClientError
+
+ACTIVE = ("queued", "submitted", "staging", "retry", "delivering")
+STATES = ACTIVE + ("done", "failed", "cancelled", "expired")
+BYTES_UP_TO = 5000  # submissions up to this many files also show bytes (read from the listing)
+
+EPILOG = """exit codes: 0 fine; 2 bad command line; 3 no server or token configured; 4 token or action
+refused; 5 not found; 6 input refused; 7 server unreachable or failing; for wait: 10 some files
+failed, 11 some cancelled or expired, 12 --timeout passed.
+configuration: CAROUSEL_URL; CAROUSEL_TOKEN, or CAROUSEL_TOKEN_FILE, or ~/.config/carousel/client.ini"""
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="carousel", description="Restore files from tape through Carousel.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts (any position)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    submit = commands.add_parser("submit", help="ask for files to be restored; prints the submission's id")
+    submit.add_argument("paths", nargs="*", metavar="PATH", help="files to restore; '-' reads them from standard input")
+    submit.add_argument("--from-file", metavar="FILE", help="read paths from FILE, one a line ('#' comments)")
+    submit.add_argument("--priority", type=int, choices=range(4), default=None, help="0 (default) to 3")
+    submit.add_argument("--destination", help="where to put the restored files (if the site delivers them)")
+    submit.add_argument("--deadline", help="ISO 8601 date-time after which unfinished files expire")
+    submit.add_argument("--pin", metavar="DURATION", help="how long the copies stay on disk: PT6H, or seconds")
+    submit.add_argument("--notify", action="store_true", default=None, help="be told when it is finished")
+    submit.add_argument("--label", help="your own name for this submission")
+
+    status = commands.add_parser("status", help="a submission's progress, estimate and why not yet")
+    status.add_argument("id", nargs="?", metavar="ID", help="submission id (default: your latest)")
+
+    wait = commands.add_parser("wait", help="follow a submission until it is finished")
+    wait.add_argument("id", metavar="ID")
+    wait.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 12)")
+    wait.add_argument("--interval", type=float, default=None, metavar="SECONDS",
+                      help="first pause between checks (then it grows, up to 30 s)")
+
+    ls = commands.add_parser("ls", help="your requests, newest first")
+    ls.add_argument("--state", help="comma-separated: " + ", ".join(STATES))
+    ls.add_argument("--bulk", metavar="ID", help="only this submission")
+    ls.add_argument("--tape", help="only files on this tape")
+    ls.add_argument("--since", help="created at or after (ISO 8601)")
+    ls.add_argument("--until", help="created before (ISO 8601)")
+    ls.add_argument("--path", help="path contains this text")
+    ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100; 0: all)")
+
+    cancel = commands.add_parser("cancel", help="cancel a submission, requests or paths")
+    cancel.add_argument("targets", nargs="+", metavar="ID|PATH",
+                        help="a submission id (UUID), a request id (number) or a path")
+
+    why = commands.add_parser("why", help="where a file's request stands and why it is not restored yet")
+    why.add_argument("path", metavar="PATH")
+    return parser
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --json is accepted anywhere before a "--", so that it can follow a command's own arguments.
+    cut = argv.index("--") if "--" in argv else len(argv)
+    as_json = "--json" in argv[:cut]
+    argv = [a for i, a in enumerate(argv) if not (i < cut and a == "--json")]
+    args = build_parser().parse_args(argv)
+    args.json = as_json
+    try:
+        client = api.Client(api.Config.load())
+        return COMMANDS[args.command](client, args) or api.EXIT_OK
+    except ClientError as error:
+        return api.report(error, as_json=as_json)
+    except KeyboardInterrupt:
+        return 130
+
+
+def out(args, data, text):
+    print(json.dumps(data, indent=2) if args.json else text)
+
+
+# Commands -------------------------------------------------------------------------------
+
+def read_paths(args):
+    paths = []
+    sources = list(args.paths)
+    if args.from_file:
+        try:
+            with open(args.from_file) as f:
+                paths += _lines(f)
+        except OSError as exc:
+            raise ClientError(f"cannot read {args.from_file}: {exc.strerror}", code=api.EXIT_USAGE)
+    if "-" in sources:
+        paths += _lines(sys.stdin)
+    paths += [p for p in sources if p != "-"]
+    if not paths:
+        raise ClientError("no paths to submit", code=api.EXIT_USAGE,
+                          hint="name them, or use --from-file FILE, or '-' to read them from standard input")
+    return paths
+
+
+def _lines(f):
+    return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+
+
+def cmd_submit(client, args):
+    pin = args.pin
+    if pin and re.fullmatch(r"\d+", pin):
+        pin = int(pin)
+    # Large lists go in one request: the server takes a whole submission or refuses it whole.
+    result = client.submit(read_paths(args), priority=args.priority, destination=args.destination,
+                           deadline=args.deadline, pin_lifetime=pin, notify=args.notify, label=args.label)
+    data = {"id": result["bulk_id"], **{k: v for k, v in result.items() if k != "bulk_id"}}
+    if not args.json and sys.stderr.isatty():
+        print(f"{result['files']} files: {result['created']} new, {result['existing']} already requested, "
+              f"{result['shared']} joining another user's restore. Follow it: carousel wait {data['id']}",
+              file=sys.stderr)
+    out(args, data, data["id"])
+
+
+def _bulk_id(client, given):
+    if given:
+        try:
+            uuid.UUID(given)
+        except ValueError:
+            raise ClientError(f"{given!r} is not a submission id", code=api.EXIT_USAGE,
+                              hint="a submission id is the UUID that `carousel submit` printed")
+        return given
+    latest = client.get("bulks/", page_size=1)["results"]
+    if not latest:
+        raise ClientError("you have no submissions yet", code=api.EXIT_NOT_FOUND, hint="carousel submit PATH...")
+    return latest[0]["id"]
+
+
+def snapshot(client, bulk_id):
+    """Counts per state, bytes (for submissions small enough to list), and the outlook of the
+    first unfinished file (the server's estimate and reasons)."""
+    bulk = client.get(f"bulks/{bulk_id}/")
+    states = bulk["states"]
+    snap = {"id": bulk_id, "files": bulk["files"], "states": states, "done": states.get("done", 0),
+            "active": sum(states.get(s, 0) for s in ACTIVE), "bytes_total": None, "bytes_done": None,
+            "eta_s": None, "why": []}
+    if bulk["files"] <= BYTES_UP_TO:
+        rows = list(client.pages("requests/", bulk=bulk_id))
+        sizes = [r["size"] for r in rows]
+        if all(s is not None for s in sizes):
+            snap["bytes_total"] = sum(sizes)
+            snap["bytes_done"] = sum(r["size"] for r in rows if r["state"] == "done")
+    if snap["active"]:
+        first = client.get("requests/", bulk=bulk_id, state=",".join(ACTIVE), page_size=1)["results"]
+        if first:
+            detail = client.get(f"requests/{first[0]['id']}/")
+            outlook = detail.get("outlook") or {}
+            snap["eta_s"] = outlook.get("eta_s")
+            snap["why"] = outlook.get("reasons") or []
+    return snap
+
+
+def cmd_status(client, args):
+    snap = snapshot(client, _bulk_id(client, args.id))
+    lines = [f"submission {snap['id']}: {snap['done']} of {snap['files']} files restored"
+             + (f" ({_size(snap['bytes_done'])} of {_size(snap['bytes_total'])})" if snap["bytes_total"] else "")]
+    lines.append("  " + ", ".join(f"{s} {n}" for s, n in snap["states"].items() if n))
+    if snap["active"]:
+        lines.append(f"  estimate for the rest: {_eta(snap['eta_s'])}")
+        lines += [f"  why not yet: {reason}" for reason in snap["why"]]
+    out(args, snap, "\n".join(lines))
+
+
+def cmd_wait(client, args):
+    bulk_id = _bulk_id(client, args.id)
+    bar = sys.stdout.isatty() and not args.json
+    started = time.monotonic()
+    pause = args.interval or 2.0
+    history = []  # (time, files done, bytes done): the rate seen by this client
+    while True:
+        snap = snapshot(client, bulk_id)
+        now = time.monotonic()
+        history = [h for h in history if now - h[0] < 120] + [(now, snap["done"], snap["bytes_done"] or 0)]
+        if bar:
+            _draw(snap, history)
+        if not snap["active"]:
+            break
+        if args.timeout is not None and now - started >= args.timeout:
+            if bar:
+                print(file=sys.stdout)
+            out(args, {**snap, "result": "timeout"}, f"still {snap['active']} files to go after {args.timeout:g} s")
+            return api.EXIT_TIMEOUT
+        # Never hammer the API: grow the pause, and wait longer when the server expects long.
+        eta = (snap["eta_s"] or [None])[0]
+        wait = min(30.0, max(pause, (eta or 0) / 10))
+        if args.timeout is not None:
+            wait = max(0.1, min(wait, args.timeout - (now - started)))
+        time.sleep(wait)
+        pause = min(pause * 1.5, 30.0)
+    if bar:
+        print(file=sys.stdout)
+    states = snap["states"]
+    failed, gone = states.get("failed", 0), states.get("cancelled", 0) + states.get("expired", 0)
+    code = api.EXIT_FAILED if failed else api.EXIT_CANCELLED if gone else api.EXIT_OK
+    result = {api.EXIT_OK: "restored", api.EXIT_FAILED: "failed", api.EXIT_CANCELLED: "cancelled"}[code]
+    text = f"{snap['done']} of {snap['files']} files restored"
+    if failed or gone:
+        text += f"; {failed} failed, {gone} cancelled or expired (see: carousel ls --bulk {bulk_id} --state failed)"
+    out(args, {**snap, "result": result}, text)
+    return code
+
+
+def _draw(snap, history):
+    width = 30
+    total = max(snap["files"], 1)
+    filled = int(width * snap["done"] / total)
+    t0, f0, b0 = history[0]
+    t1, f1, b1 = history[-1]
+    rate = (f1 - f0) / (t1 - t0) if t1 > t0 else 0.0
+    byte_rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+    left = snap["files"] - snap["done"]
+    eta = left / rate if rate > 0 else (snap["eta_s"] or [None])[0]
+    parts = [f"[{'#' * filled}{'.' * (width - filled)}] {snap['done']}/{snap['files']} files"]
+    if snap["bytes_total"]:
+        parts.append(f"{_size(snap['bytes_done'])}/{_size(snap['bytes_total'])}")
+    parts.append(f"{rate:.1f} files/s" + (f" {_size(byte_rate)}/s" if snap["bytes_total"] else ""))
+    parts.append(f"eta {_eta([eta] if eta is not None else None)}")
+    sys.stdout.write("\r" + "  ".join(parts) + "\x1b[K")
+    sys.stdout.flush()
+
+
+def cmd_ls(client, args):
+    rows = []
+    for row in client.pages("requests/", state=args.state, bulk=args.bulk, tape=args.tape, since=args.since,
+                            until=args.until, path=args.path):
+        rows.append(row)
+        if args.limit and len(rows) >= args.limit:
+            break
+    text = "\n".join(f"{r['id']:>8}  {r['state']:<10}  {_size(r['size']):>9}  {r['tape'] or '-':<8}  {r['path']}"
+                     for r in rows) or "(no requests)"
+    out(args, rows, text)
+
+
+def cmd_cancel(client, args):
+    total, missing = 0, []
+    ids, paths = [], []
+    for target in args.targets:
+        if target.startswith("/"):
+            paths.append(target)
+        elif target.isdigit():
+            ids.append(int(target))
+        else:
+            try:
+                uuid.UUID(target)
+            except ValueError:
+                raise ClientError(f"{target!r} is neither a submission id, a request id nor a path",
+                                  code=api.EXIT_USAGE, hint="paths start with '/'")
+            total += client.post(f"bulks/{target}/cancel/")["cancelled"]
+    for path in paths:
+        found = client.requests_for_path(path, state=",".join(ACTIVE))
+        if not found:
+            missing.append(path)
+        ids += [r["id"] for r in found]
+    if ids:
+        total += client.post("requests/cancel/", {"ids": ids})["cancelled"]
+    if missing:
+        raise ClientError(f"no active request for: {', '.join(missing)}"
+                          + (f" (cancelled {total} others)" if total else ""), code=api.EXIT_NOT_FOUND,
+                          hint="see your requests with: carousel ls --path TEXT")
+    out(args, {"cancelled": total}, f"cancelled {total} request{'s' if total != 1 else ''}")
+
+
+def cmd_why(client, args):
+    found = client.requests_for_path(args.path)
+    if not found:
+        raise ClientError(f"you have no request for {args.path}", code=api.EXIT_NOT_FOUND,
+                          hint=f"ask for it with: carousel submit {args.path}")
+    detail = client.get(f"requests/{found[0]['id']}/")
+    state = detail["state"]
+    lines = [f"{detail['path']}: {state} (request {detail['id']})"]
+    if state == "done":
+        lines.append(f"  restored{': on disk at ' + detail['disk_path'] if detail.get('disk_path') else ''}")
+    elif state in ("failed", "cancelled", "expired"):
+        lines.append(f"  {detail.get('last_error') or state}")
+    else:
+        outlook = detail.get("outlook") or {}
+        lines += [f"  {reason}" for reason in outlook.get("reasons") or []]
+        lines.append(f"  estimate: {_eta(outlook.get('eta_s'))}")
+    out(args, detail, "\n".join(lines))
+
+
+COMMANDS = {"submit": cmd_submit, "status": cmd_status, "wait": cmd_wait, "ls": cmd_ls, "cancel": cmd_cancel,
+            "why": cmd_why}
+
+
+def _size(n):
+    if n is None:
+        return "?"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def _eta(eta):
+    if not eta or eta[0] is None:
+        return "unknown yet"
+    low, high = eta[0], eta[1] if len(eta) > 1 else None
+
+    def human(s):
+        s = int(s)
+        return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    return f"{human(low)} to {human(high)}" if high is not None and high != low else f"about {human(low)}" \
+        if high is not None else f"at least {human(low)}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
