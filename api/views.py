@@ -1,7 +1,8 @@
 """REST API v1. Views parse, call a service or a selector, and render; nothing more."""
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, generics, serializers
 from rest_framework.pagination import CursorPagination
 from rest_framework.permissions import AllowAny
