@@ -20,7 +20,7 @@ workers) on loopback, and then measures, --runs times each (the median is kept):
     script says so and reports null.
 - bare_copy: the same rows (every column a request row has, values as the service writes
   for a new queued request, built before the clock starts) written with COPY into
-  `bench_bare_copy`, a table made `LIKE carousel_restorerequest` without its indexes,
+  `bench_bare_copy`, a table made `LIKE carousel_restorerequest` (defaults, identity) without its indexes,
   constraints or triggers; timed from the start of the COPY to the commit.
 
 Last line, JSON: files, api_s, tape_rest_s (null while the door is missing), bare_copy_s,
@@ -244,7 +244,7 @@ def main():
         control.save(update_fields=["default_queued_ceiling"])
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {BARE_TABLE}")
-        cursor.execute(f"CREATE TABLE {BARE_TABLE} (LIKE carousel_restorerequest INCLUDING DEFAULTS)")
+        cursor.execute(f"CREATE TABLE {BARE_TABLE} (LIKE carousel_restorerequest INCLUDING DEFAULTS INCLUDING IDENTITY)")
 
     times = {name: [] for name in DOORS}
     missing = set()
