@@ -1,22 +1,30 @@
-"""Ingest benchmark: how long the API takes to accept 100,000 paths in one submission, against
-the floor of loading the same rows with a raw COPY.
+"""Ingest benchmark: a 100,000-file stage through each door, against a bare COPY of the same
+rows into an unindexed table (issue "The grid front door").
 
-    cd /work/main && .venv/bin/python -m carousel.localservices -- .venv/bin/python benchmarks/ingest.py
+    .venv/bin/python -m carousel.localservices -- .venv/bin/python benchmarks/ingest.py
 
-It needs PostgreSQL in DATABASE_URL and a database without earlier benchmark rows (the command
-above gives a fresh private server each time). It migrates, creates a user with an API token,
-starts the application under gunicorn on loopback, and then, in each of --runs rounds:
+It needs PostgreSQL in DATABASE_URL (the command above gives a fresh private server each
+time). Re-runnable: it refuses to start unless the request table is empty, empties it again
+after every measurement (TRUNCATE, and the counters the triggers keep with it: the table was
+empty, so they are zero), and at the end drops its bare table, its users and their tokens.
 
-- api_s: one POST of 100,000 new paths to /api/v1/requests/ over HTTP (httpx), timed from
-  sending the request to receiving the response: parsing, validation, the queries and the
-  COPYs of the service, the commit and the response. The JSON body is encoded beforehand.
-- copy_s: 100,000 other new paths written with `COPY carousel_restorerequest ... FROM STDIN`
-  by psycopg on its own connection, with the columns and values the service writes for a
-  new queued request, timed from the COPY to its commit. The rows, path keys included, are
-  built beforehand.
+It migrates, creates a user with an API token, starts the application under gunicorn (2 sync
+workers) on loopback, and then measures, --runs times each (the median is kept):
 
-It prints one line per measurement, then the medians, and as the last line a JSON object:
-{"files": ..., "api_s": ..., "copy_s": ..., "ratio": copy_s / api_s}."""
+- each door (a function of DOORS): one submission of --files new paths over HTTP (httpx),
+  timed from sending the request to receiving the answer (parsing, validation, the
+  service's queries and COPYs, the commit). The JSON body is encoded beforehand.
+  - api: POST /api/v1/requests/ (the native API).
+  - tape_rest: POST {endpoint}/stage of the WLCG Tape REST API. The door is built in another
+    branch (helper e); until it is served here (its discovery document answers 404) the
+    script says so and reports null.
+- bare_copy: the same rows (every column a request row has, values as the service writes
+  for a new queued request, built before the clock starts) written with COPY into
+  `bench_bare_copy`, a table made `LIKE carousel_restorerequest` (defaults, identity) without its indexes,
+  constraints or triggers; timed from the start of the COPY to the commit.
+
+Last line, JSON: files, api_s, tape_rest_s (null while the door is missing), bare_copy_s,
+x_bare_copy (the slower measured door's time over bare_copy_s)."""
 import argparse
 import json
 import os
@@ -37,9 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 USERNAME = "bench-ingest"
 WORKERS = 2
 WARMUP_FILES = 10
-COPY_COLUMNS = ("user_id", "group_id", "path", "path_key", "priority", "destination", "deadline",
-                "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
-                "created_at", "updated_at", "submitted_at", "started_at")
+BARE_TABLE = "bench_bare_copy"
 
 
 def batch_paths(batch, count):
@@ -71,33 +77,10 @@ def setup_django():
     return database_url
 
 
-def setup_database(needed_ceiling):
-    """Migrate, create the benchmark user and its token, raise the default queued ceiling.
-    Returns (user, token key)."""
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
-    from rest_framework.authtoken.models import Token
-
-    from carousel.models import Control, RestoreRequest
-
-    call_command("migrate", interactive=False, verbosity=0)
-    user, _ = get_user_model().objects.get_or_create(username=USERNAME)
-    if RestoreRequest.objects.filter(user=user).exists():
-        sys.exit(f"the database already holds requests of {USERNAME!r}; run the benchmark on a fresh "
-                 f"database: python -m carousel.localservices -- python benchmarks/{Path(sys.argv[0]).name}")
-    token, _ = Token.objects.get_or_create(user=user)
-    control = Control.get()
-    if control.default_queued_ceiling < needed_ceiling:
-        control.default_queued_ceiling = needed_ceiling
-        control.save(update_fields=["default_queued_ceiling"])
-    return user, token.key
-
-
-def start_gunicorn(port):
+def start_gunicorn(port, workers=WORKERS, env=None):
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "carousel.wsgi:application", "--bind", f"127.0.0.1:{port}",
-         "--workers", str(WORKERS), "--log-level", "warning"],
-        cwd=ROOT)
+         "--workers", str(workers), "--timeout", "300", "--log-level", "warning"], cwd=ROOT, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -120,93 +103,199 @@ def stop(proc):
         proc.wait()
 
 
-def post_paths(client, paths):
-    """POST one submission; returns (seconds, response). The body is encoded before the clock starts."""
-    body = json.dumps({"paths": paths}).encode()
+# --- The doors: each takes (client, paths) and returns the seconds of one submission, after
+# checking that every path was accepted; or None when the door is not served here. ---
+
+def _timed_post(client, url, body, expect):
+    data = json.dumps(body).encode()
     start = time.perf_counter()
-    response = client.post("/api/v1/requests/", content=body, headers={"Content-Type": "application/json"})
-    return time.perf_counter() - start, response
+    response = client.post(url, content=data, headers={"Content-Type": "application/json"})
+    seconds = time.perf_counter() - start
+    if response.status_code != expect:
+        raise RuntimeError(f"POST {url} answered {response.status_code}: {response.text[:500]}")
+    return seconds, response
 
 
-def check_created(response, files):
-    if response.status_code != 201:
-        raise RuntimeError(f"POST answered {response.status_code}: {response.text[:500]}")
-    created = response.json()["created"]
-    if created != files:
-        raise RuntimeError(f"POST created {created} requests, expected {files}")
+def api_door(client, paths):
+    seconds, response = _timed_post(client, "/api/v1/requests/", {"paths": paths}, 201)
+    if response.json()["created"] != len(paths):
+        raise RuntimeError(f"the API created {response.json()['created']} requests, expected {len(paths)}")
+    return seconds
+
+
+def tape_rest_door(client, paths):
+    discovery = client.get("/.well-known/wlcg-tape-rest-api")
+    if discovery.status_code == 404:
+        return None
+    discovery.raise_for_status()
+    endpoint = next(e["uri"] for e in discovery.json()["endpoints"] if str(e.get("version", "")).startswith("v1"))
+    seconds, response = _timed_post(client, endpoint.rstrip("/") + "/stage",
+                                    {"files": [{"path": p} for p in paths]}, 201)
+    if "requestId" not in response.json():
+        raise RuntimeError(f"stage answered without a requestId: {response.text[:300]}")
+    return seconds
+
+
+DOORS = {"api": api_door, "tape_rest": tape_rest_door}
+
+
+# --- The floor: a bare COPY ---
+
+def bare_rows(user_id, paths):
+    """The rows the service writes for new queued requests, every column of a request row."""
+    from carousel.models import RestoreRequest, path_key
+
+    now = datetime.now(timezone.utc)
+    columns = [f.column for f in RestoreRequest._meta.concrete_fields if not f.primary_key]
+    values = {"user_id": user_id, "state": "queued", "created_at": now, "updated_at": now, "priority": 0,
+              "destination": "", "attempts": 0, "error_class": "", "last_error": "", "job_rank": 0,
+              "staged_path": "", "delivery_fs": "", "delivery_attempts": 0}
+    rows = [tuple(values.get(c, (p if c == "path" else path_key(p) if c == "path_key" else None)) for c in columns)
+            for p in paths]
+    return columns, rows
+
+
+def bare_copy(database_url, columns, rows):
+    """COPY the rows into the unindexed table and commit; the seconds from the COPY's start."""
+    with psycopg.connect(database_url) as conn:
+        conn.execute(f"TRUNCATE {BARE_TABLE}")
+        conn.commit()
+        start = time.perf_counter()
+        with conn.cursor() as cursor, cursor.copy(f"COPY {BARE_TABLE} ({', '.join(columns)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        conn.commit()
+        seconds = time.perf_counter() - start
+        stored = conn.execute(f"SELECT count(*) FROM {BARE_TABLE}").fetchone()[0]
+    if stored != len(rows):
+        raise RuntimeError(f"{stored} rows in {BARE_TABLE}, expected {len(rows)}")
+    return seconds
+
+
+def setup_database(needed_ceiling):
+    """(For ingest_profile.py.) Migrate, create the benchmark user and its token, raise the
+    default queued ceiling. Returns (user, token key)."""
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from rest_framework.authtoken.models import Token
+
+    from carousel.models import Control
+
+    call_command("migrate", interactive=False, verbosity=0)
+    user, _ = get_user_model().objects.get_or_create(username=USERNAME)
+    control = Control.get()
+    if control.default_queued_ceiling < needed_ceiling:
+        control.default_queued_ceiling = needed_ceiling
+        control.save(update_fields=["default_queued_ceiling"])
+    return user, Token.objects.get_or_create(user=user)[0].key
 
 
 def copy_rows(database_url, user_id, paths):
-    """COPY one batch of new queued requests into the table and commit; returns the seconds."""
-    from carousel.models import path_key
-
-    now = datetime.now(timezone.utc)
-    rows = [(user_id, None, p, path_key(p), 0, "", None, None, "queued", 0, "", "", None, 0, now, now, None, None)
-            for p in paths]
+    """(For ingest_profile.py.) COPY new queued requests into the request table itself (its
+    indexes and triggers included) and commit; returns the seconds."""
+    columns, rows = bare_rows(user_id, paths)
     with psycopg.connect(database_url) as conn:
         start = time.perf_counter()
         with conn.cursor() as cursor, cursor.copy(
-                f"COPY carousel_restorerequest ({', '.join(COPY_COLUMNS)}) FROM STDIN") as copy:
+                f"COPY carousel_restorerequest ({', '.join(columns)}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
         conn.commit()
         return time.perf_counter() - start
 
 
+def empty_requests():
+    """Back to the empty table the run started from: the requests, their submissions, and the
+    counters the triggers keep (TRUNCATE fires no delete trigger; the table was empty, so
+    every counter is zero)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE carousel_restorerequest, carousel_bulkitem, carousel_transition, carousel_bulk")
+        for table in ("carousel_userbacklog", "carousel_tapebacklog", "carousel_userstatecount"):
+            cursor.execute(f"DELETE FROM {table}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3, help="rounds of one API and one COPY measurement")
+    parser.add_argument("--runs", type=int, default=3, help="measurements of each door and of the bare COPY")
     parser.add_argument("--files", type=int, default=100_000, help="paths per submission")
     args = parser.parse_args()
     database_url = setup_django()
-    from carousel.models import RestoreRequest
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+    from rest_framework.authtoken.models import Token
 
+    from carousel.models import Control, RestoreRequest
+
+    call_command("migrate", interactive=False, verbosity=0)
+    if RestoreRequest.objects.exists():
+        sys.exit("the request table is not empty: the benchmark starts from an empty one (and empties it "
+                 "again as it goes). Run it on a fresh database: python -m carousel.localservices -- "
+                 f"python benchmarks/{Path(sys.argv[0]).name}")
     print("load average at start (the figures are noisy on a busy machine): "
           + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
-    # Every request stays active, the COPY rows included: the ceiling must hold them all.
-    user, key = setup_database(needed_ceiling=max(300_000, WORKERS * WARMUP_FILES + 2 * args.runs * args.files))
+    user, _ = get_user_model().objects.get_or_create(username=USERNAME)
+    key = Token.objects.get_or_create(user=user)[0].key
+    control = Control.get()
+    if control.default_queued_ceiling < args.files:
+        control.default_queued_ceiling = args.files
+        control.save(update_fields=["default_queued_ceiling"])
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {BARE_TABLE}")
+        cursor.execute(f"CREATE TABLE {BARE_TABLE} (LIKE carousel_restorerequest INCLUDING DEFAULTS INCLUDING IDENTITY)")
+
+    times = {name: [] for name in DOORS}
+    missing = set()
+    bare_times = []
     port = free_port()
     proc = start_gunicorn(port)
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Token {key}"},
-                          timeout=300) as client:
-            # Warm-up: gunicorn workers import the URLconf, views and DRF on their first request;
-            # that one-off cost is not what we measure. One small POST per worker, sent together,
-            # so that each worker takes one while the other is busy.
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600,
+                          headers={"Authorization": f"Token {key}"}) as client:
+            # Warm-up: each worker imports the views on its first request; not what we measure.
             with ThreadPoolExecutor(WORKERS) as pool:
-                warmups = pool.map(lambda w: post_paths(client, batch_paths(-1 - w, WARMUP_FILES)), range(WORKERS))
-                for seconds, response in warmups:
-                    check_created(response, WARMUP_FILES)
-                    print(f"warm-up: {WARMUP_FILES} paths in {seconds:.3f} s")
-
-            api_times, copy_times = [], []
+                list(pool.map(lambda w: api_door(client, batch_paths(-1 - w, WARMUP_FILES)), range(WORKERS)))
+            empty_requests()
+            batch = 0
             for run in range(args.runs):
-                before = RestoreRequest.objects.filter(user=user).count()
-                seconds, response = post_paths(client, batch_paths(2 * run, args.files))
-                check_created(response, args.files)
-                stored = RestoreRequest.objects.filter(user=user).count() - before
-                if stored != args.files:
-                    raise RuntimeError(f"{stored} rows committed by the API, expected {args.files}")
-                api_times.append(seconds)
-                print(f"run {run + 1}: API  {args.files} paths in {seconds:.3f} s "
-                      f"({args.files / seconds:,.0f} paths/s)")
-
-                before = RestoreRequest.objects.filter(user=user).count()
-                seconds = copy_rows(database_url, user.id, batch_paths(2 * run + 1, args.files))
-                stored = RestoreRequest.objects.filter(user=user).count() - before
-                if stored != args.files:
-                    raise RuntimeError(f"{stored} rows committed by COPY, expected {args.files}")
-                copy_times.append(seconds)
-                print(f"run {run + 1}: COPY {args.files} paths in {seconds:.3f} s "
-                      f"({args.files / seconds:,.0f} paths/s)")
+                for name, door in DOORS.items():
+                    if name in missing:
+                        continue
+                    seconds = door(client, batch_paths(batch, args.files))
+                    batch += 1
+                    if seconds is None:
+                        missing.add(name)
+                        print(f"{name}: not served here yet (its discovery answers 404): reported as null")
+                        continue
+                    stored = RestoreRequest.objects.count()
+                    if stored != args.files:
+                        raise RuntimeError(f"{name}: {stored} requests stored, expected {args.files}")
+                    times[name].append(seconds)
+                    print(f"run {run + 1}: {name:9} {args.files} paths in {seconds:.3f} s "
+                          f"({args.files / seconds:,.0f} paths/s)")
+                    empty_requests()
+                columns, rows = bare_rows(user.id, batch_paths(batch, args.files))  # before the clock
+                batch += 1
+                seconds = bare_copy(database_url, columns, rows)
+                bare_times.append(seconds)
+                print(f"run {run + 1}: bare COPY {args.files} rows in {seconds:.3f} s")
     finally:
         stop(proc)
+        empty_requests()
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {BARE_TABLE}")
+        get_user_model().objects.filter(username=USERNAME).delete()
 
-    api_s = statistics.median(api_times)
-    copy_s = statistics.median(copy_times)
-    print(f"median of {args.runs}: API {api_s:.3f} s, COPY {copy_s:.3f} s, COPY/API {copy_s / api_s:.2f}")
-    print(json.dumps({"files": args.files, "api_s": round(api_s, 3), "copy_s": round(copy_s, 3),
-                      "ratio": round(copy_s / api_s, 3)}))
+    medians = {name: (round(statistics.median(t), 3) if t else None) for name, t in times.items()}
+    bare_s = statistics.median(bare_times)
+    slowest = max(v for v in medians.values() if v is not None)
+    print(f"medians of {args.runs}: " + ", ".join(f"{n} {v} s" for n, v in medians.items())
+          + f", bare COPY {bare_s:.3f} s; slower door / bare COPY = {slowest / bare_s:.2f}"
+          + (f" (not measured: {', '.join(sorted(missing))})" if missing else ""))
+    print(json.dumps({"files": args.files, "api_s": medians["api"], "tape_rest_s": medians["tape_rest"],
+                      "bare_copy_s": round(bare_s, 3), "x_bare_copy": round(slowest / bare_s, 2)}))
 
 
 if __name__ == "__main__":

@@ -463,6 +463,11 @@ class RestoreRequest(models.Model):
     # The file's place in its job: the read order the sorting policy chose, which the stager
     # must receive as it is (db_default: submission's COPY does not name it).
     job_rank = models.PositiveIntegerField(db_default=0)
+    # The submission that created the request, on the row itself: a large submission writes
+    # no second row per file. A later submission asking for the same file again (same user,
+    # still active) lists it with a BulkItem.
+    bulk = models.ForeignKey(Bulk, null=True, blank=True, on_delete=models.SET_NULL, db_index=False,
+                             related_name="created_requests")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     submitted_at = models.DateTimeField(null=True, blank=True)
@@ -509,6 +514,7 @@ class RestoreRequest(models.Model):
             # The list's tape filter. Partial: a submission's new rows have no tape yet, so
             # they cost this index nothing.
             models.Index(fields=["tape", "user"], name="request_tape", condition=Q(tape__isnull=False)),
+            models.Index(fields=["bulk"], name="request_bulk", condition=Q(bulk__isnull=False)),
             models.Index(fields=["deadline"], name="request_active_deadline",
                          condition=Q(deadline__isnull=False, state__in=ACTIVE_STATES)),
             models.Index(fields=["retry_at"], name="request_retry_due", condition=Q(state=S.RETRY)),
@@ -546,8 +552,9 @@ class RetryQueue(RestoreRequest):
 
 
 class BulkItem(models.Model):
-    """Membership of a request in a submission. A request asked for again in a later
-    submission (same user, still active) belongs to both."""
+    """Membership of a request in a submission that did not create it: the request was asked
+    for again in a later submission (same user, still active) and belongs to both. The
+    creating submission is RestoreRequest.bulk."""
 
     bulk = models.ForeignKey(Bulk, on_delete=models.CASCADE, related_name="items", db_index=False)
     request = models.ForeignKey(RestoreRequest, on_delete=models.CASCADE, related_name="bulk_items")

@@ -51,7 +51,7 @@ def filter_requests(qs, *, state=None, bulk=None, tape=None, since=None, until=N
     if state:
         qs = qs.filter(state__in=state)
     if bulk:
-        qs = qs.filter(bulk_items__bulk_id=bulk)
+        qs = qs.filter(in_bulk(bulk))
     if tape:
         qs = qs.filter(tape__label=tape)
     if since:
@@ -100,8 +100,17 @@ def oldest_active(user):
     return min(found, default=None)
 
 
+def in_bulk(bulk):
+    """The requests of a submission: those it created (RestoreRequest.bulk, indexed) and those
+    it asked for again (BulkItem). A subquery, not a join: no request appears twice."""
+    from .models import BulkItem
+
+    bulk_id = getattr(bulk, "pk", bulk)
+    return Q(bulk_id=bulk_id) | Q(id__in=BulkItem.objects.filter(bulk_id=bulk_id).values("request_id"))
+
+
 def bulk_requests(bulk):
-    return RestoreRequest.objects.filter(bulk_items__bulk=bulk)
+    return RestoreRequest.objects.filter(in_bulk(bulk))
 
 
 def stager_health():

@@ -107,7 +107,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         group = account.group or user.groups.order_by("id").first()
         bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify,
                                    label=label)
-        columns = ("user_id", "group_id", "path", "path_key", "priority", "destination", "deadline",
+        columns = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "destination", "deadline",
                    "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
                    "created_at", "updated_at", "submitted_at", "started_at")
         common = (priority, destination or "", deadline, pin_lifetime)
@@ -116,15 +116,16 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
             shared = in_flight.get(key)
             if shared:
                 state, job_id, job_rank, submitted_at, started_at = shared
-                return (user.id, group and group.id, path, key, *common, state, 0, "", "", job_id, job_rank,
-                        now, now, submitted_at, started_at)
-            return (user.id, group and group.id, path, key, *common, S.QUEUED, 0, "", "", None, 0,
+                return (user.id, group and group.id, bulk.id, path, key, *common, state, 0, "", "", job_id,
+                        job_rank, now, now, submitted_at, started_at)
+            return (user.id, group and group.id, bulk.id, path, key, *common, S.QUEUED, 0, "", "", None, 0,
                     now, now, None, None)
 
-        new_ids = db.insert_rows(RestoreRequest, columns, (row(p, k) for p, k in new))
-        ids_by_key = dict(own)
-        ids_by_key.update(zip((k for _, k in new), new_ids))
-        db.insert_rows(BulkItem, ("bulk_id", "request_id"), ((bulk.id, ids_by_key[k]) for k in keys), ids=False)
+        # New requests carry their submission on the row (no ids needed back); only the files
+        # this user had already asked for get a BulkItem naming this submission too.
+        db.insert_rows(RestoreRequest, columns, (row(p, k) for p, k in new), ids=False)
+        db.insert_rows(BulkItem, ("bulk_id", "request_id"), ((bulk.id, own[k]) for k in dict.fromkeys(keys)
+                                                             if k in own), ids=False)
     shared = sum(1 for _, k in new if k in in_flight)
     return SubmitResult(bulk=bulk, files=len(clean), created=len(new), existing=len(own), shared=shared)
 
@@ -248,8 +249,10 @@ def bulk_notify_complete(*, now):
 
     from . import selectors
 
-    active = BulkItem.objects.filter(bulk=OuterRef("pk"), request__state__in=ACTIVE_STATES)
-    finished = Bulk.objects.filter(notify=True, notified_at__isnull=True).exclude(Exists(active))
+    active = RestoreRequest.objects.filter(bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
+    active_again = BulkItem.objects.filter(bulk=OuterRef("pk"), request__state__in=ACTIVE_STATES)
+    finished = (Bulk.objects.filter(notify=True, notified_at__isnull=True)
+                .exclude(Exists(active)).exclude(Exists(active_again)))
     sent = 0
     for bulk in finished.select_related("user").order_by("created_at")[:NOTICES_PER_CALL]:
         if not Bulk.objects.filter(pk=bulk.pk, notified_at__isnull=True).update(notified_at=now):

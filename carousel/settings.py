@@ -182,7 +182,7 @@ if REDIS_URL:
                           "KEY_PREFIX": "carousel"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
-                          "LOCATION": str(VAR_DIR / "cache")}}
+                          "LOCATION": str((VAR_DIR / "cache").resolve())}}
 # Cancels and releases never wait behind a cycle, and copies to users' file systems (which can
 # take minutes) never hold a cycle back: each kind has its queue, and production gives each a
 # worker of its own (docker-compose.yml). `make run`'s single worker consumes all three.

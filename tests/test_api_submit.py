@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from carousel import selectors
 from carousel.models import Bulk, BulkItem, Control, RestoreRequest
 
 URL = "/api/v1/requests/"
@@ -18,7 +19,7 @@ def test_it_accepts_paths_and_returns_the_bulk(as_alice, alice):
     body = r.json()
     assert body["files"] == 2 and body["created"] == 2 and body["existing"] == 0
     bulk = Bulk.objects.get(id=body["bulk_id"])
-    assert bulk.user == alice and bulk.items.count() == 2
+    assert bulk.user == alice and selectors.bulk_requests(bulk).count() == 2
     reqs = RestoreRequest.objects.filter(user=alice).order_by("path")
     assert [r.path for r in reqs] == ["/star/a.daq", "/star/b.daq"]
     assert {r.state for r in reqs} == {"queued"} and {r.priority for r in reqs} == {2}
@@ -140,4 +141,7 @@ def test_it_takes_100000_paths_in_one_post(as_alice):
     r = as_alice.post(URL, {"paths": paths}, format="json")
     assert r.status_code == 201
     assert r.json()["created"] == 100_000
-    assert RestoreRequest.objects.count() == 100_000 and BulkItem.objects.count() == 100_000
+    # Every request belongs to the submission (the creating one is on the request row).
+    bulk = r.json()["bulk_id"]
+    assert RestoreRequest.objects.count() == 100_000
+    assert RestoreRequest.objects.filter(selectors.in_bulk(bulk)).count() == 100_000

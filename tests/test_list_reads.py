@@ -94,3 +94,20 @@ def test_every_filter_of_the_list_has_an_index(name, who, alice, operator, now):
             cursor.execute("SET enable_seqscan = on; SET enable_indexscan = on")
     conditions = [line for line in plan.splitlines() if "Index Cond" in line or "Recheck Cond" in line]
     assert any(COLUMN[name] in line for line in conditions), plan
+
+
+def test_a_submission_writes_items_only_for_files_asked_for_again(as_alice, alice, now):
+    first = as_alice.post(URL, {"paths": ["/i/a", "/i/b"]}, format="json").json()
+    second = as_alice.post(URL, {"paths": ["/i/b", "/i/c", "/i/d"]}, format="json").json()
+    assert (second["created"], second["existing"]) == (2, 1)
+    from carousel.models import BulkItem
+    assert list(BulkItem.objects.values_list("bulk_id", "request__path")) == [
+        (__import__("uuid").UUID(second["bulk_id"]), "/i/b")]
+    # Both submissions list every path they asked for, right after the POST; the bulk's
+    # counts and its cancel cover them all.
+    for bulk, paths in ((first, ["/i/a", "/i/b"]), (second, ["/i/b", "/i/c", "/i/d"])):
+        listed = as_alice.get(URL, {"bulk": bulk["bulk_id"]}).json()["results"]
+        assert sorted(r["path"] for r in listed) == paths
+        assert as_alice.get(f"/api/v1/bulks/{bulk['bulk_id']}/").json()["states"]["queued"] == len(paths)
+    assert as_alice.post(f"/api/v1/bulks/{second['bulk_id']}/cancel/").json()["cancelled"] == 3
+    assert sorted(RestoreRequest.objects.filter(state="queued").values_list("path", flat=True)) == ["/i/a"]
