@@ -66,8 +66,11 @@ def prune(*, now, older_than=None, batch=None, budget_s=None):
             .exclude(Exists(RestoreRequest.objects.filter(job=OuterRef("pk")))).order_by("finished_at"))
     for counts in _batches(jobs, batch=batch, deadline=deadline, pruned=pruned):
         pruned.jobs += counts.get(Job._meta.label, 0)
-    bulks = (Bulk.objects.filter(created_at__lt=cutoff).exclude(Exists(BulkItem.objects.filter(bulk=OuterRef("pk"))))
-             .order_by("created_at"))
+    # A submission goes once none of its requests is left: those it created carry it on their row,
+    # those it asked for again are BulkItems.
+    bulks = (Bulk.objects.filter(created_at__lt=cutoff)
+             .exclude(Exists(RestoreRequest.objects.filter(bulk=OuterRef("pk"))))
+             .exclude(Exists(BulkItem.objects.filter(bulk=OuterRef("pk")))).order_by("created_at"))
     for counts in _batches(bulks, batch=batch, deadline=deadline, pruned=pruned):
         pruned.submissions += counts.get(Bulk._meta.label, 0)
     if pruned.requests or pruned.transitions or pruned.jobs or pruned.submissions:
