@@ -20,6 +20,7 @@ from .failures import requeue_due_retries
 from .locating import locate_requests
 from .models import IN_FLIGHT_STATES, Control, RestoreRequest, StagerHealth
 from .mounts import MountPlanner, preempt, send_jobs
+from .pins import end_expired_pins
 from .plugins import PluginError
 from .progress import collect_progress, log_unexpected, requeue_orphans
 from .services import bulk_notify_complete
@@ -76,6 +77,7 @@ def _steps(*, now, stager, control, report):
     if state.state == h.HEALTHY:
         state = _work(now=now, stager=stager, control=control, state=state, report=report)
     report.health, report.jobs_limit = state.state, state.limit
+    end_expired_pins(now=now)
     # Withdrawals and releases recorded by cancels, expiries, give-ups and pins' ends.
     report.stager_calls = send_stager_calls(now=now, stager=stager)
     report.delivering = dispatch_deliveries(now=now, control=control)

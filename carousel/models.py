@@ -432,6 +432,9 @@ class RestoreRequest(models.Model):
     deadline = models.DateTimeField(null=True, blank=True, help_text="Unfinished after this: expired.")
     pin_lifetime = models.DurationField(null=True, blank=True,
                                         help_text="How long the restored copy must stay on disk.")
+    pin_until = models.DateTimeField(null=True, blank=True,
+                                     help_text="The restored copy is pinned on the stager's disk until then "
+                                               "(carousel/pins.py); empty: no pin, or it has ended.")
     state = models.CharField(max_length=16, choices=RequestState.choices, default=RequestState.QUEUED)
     attempts = models.PositiveSmallIntegerField(default=0)
     error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True, default="")
@@ -484,6 +487,7 @@ class RestoreRequest(models.Model):
             models.Index(fields=["deadline"], name="request_active_deadline",
                          condition=Q(deadline__isnull=False, state__in=ACTIVE_STATES)),
             models.Index(fields=["retry_at"], name="request_retry_due", condition=Q(state=S.RETRY)),
+            models.Index(fields=["pin_until"], name="request_pin_due", condition=Q(pin_until__isnull=False)),
             models.Index(fields=["delivery_fs", "delivery_started_at"], name="request_delivering",
                          condition=Q(state=S.DELIVERING)),
             models.Index(fields=["created_at"], name="request_unlocated",

@@ -1,10 +1,11 @@
 """Writes of the core domain. Views, tasks and commands call these and hold no logic."""
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Value
 
 from . import db
 from .exceptions import InvalidSubmission, QueueCeilingReached
@@ -33,7 +34,9 @@ def request_transition(queryset, to, *, now, **fields):
         stamps.update(finished_at=None, retry_at=None, job=None, submitted_at=None, started_at=None,
                       staged_path="", delivery_fs="", delivery_started_at=None)
     if to == S.DONE:
-        stamps.update(error_class=ErrorClass.NONE, last_error="")
+        # A pin runs from the moment the copy is there (carousel/pins.py); none without a lifetime.
+        stamps.update(error_class=ErrorClass.NONE, last_error="",
+                      pin_until=ExpressionWrapper(Value(now) + F("pin_lifetime"), output_field=DateTimeField()))
     return queryset.filter(state__in=ALLOWED_FROM[to]).update(state=to, **stamps, **fields)
 
 
@@ -68,6 +71,12 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         raise InvalidSubmission("priority must be an integer from 0 to 3")
     if deadline is not None and deadline <= now:
         raise InvalidSubmission("deadline is in the past")
+    if pin_lifetime is not None:
+        from .pins import max_pin_lifetime
+
+        if not isinstance(pin_lifetime, timedelta) or not timedelta(0) < pin_lifetime <= max_pin_lifetime():
+            raise InvalidSubmission(f"pin_lifetime must be a duration longer than 0 and at most "
+                                    f"{max_pin_lifetime().total_seconds():.0f} s")
 
     keys = [path_key(p) for p in clean]
     with transaction.atomic():

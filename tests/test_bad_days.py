@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connections, transaction
 from django.test import Client
 
+from carousel.exceptions import InvalidSubmission
 from carousel.loop import run_cycle
 from carousel.models import Control, Job, RestoreRequest, StagerCall, Tape
 from carousel.stagers.base import LocateError, StagerUnavailable
@@ -347,3 +348,69 @@ def test_stager_calls_are_bounded_per_cycle_and_a_slow_stager_does_not_hold_the_
     assert time.monotonic() - started < 5
     release.set()
     assert StagerCall.objects.count() == 3  # kept, sent again once their lease ends
+
+
+HOUR = timedelta(hours=1)
+
+
+def restored(stager, now):
+    run_cycle(now=now, stager=stager)
+    run_cycle(now=now + 10 * SECOND, stager=stager)
+    return now + 10 * SECOND
+
+
+def released_paths(stager):
+    return sorted(p for _, paths in stager.released for p in paths)
+
+
+def test_a_pin_ends_when_its_lifetime_runs_out_and_the_stager_releases_the_copy(alice, now):
+    restore_submit(user=alice, now=now, paths=["/pin/a", "/pin/b"], pin_lifetime=HOUR)
+    restore_submit(user=alice, now=now, paths=["/pin/unpinned"])
+    stager = FlakyStager()
+    done_at = restored(stager, now)
+    req = RestoreRequest.objects.get(path="/pin/a")
+    assert req.state == "done" and req.pin_until == done_at + HOUR
+    assert RestoreRequest.objects.get(path="/pin/unpinned").pin_until is None
+    run_cycle(now=done_at + HOUR - SECOND, stager=stager)
+    assert stager.released == []
+    run_cycle(now=done_at + HOUR, stager=stager)
+    assert released_paths(stager) == ["/pin/a", "/pin/b"]
+    assert not RestoreRequest.objects.filter(pin_until__isnull=False).exists()
+    assert not StagerCall.objects.exists()
+    run_cycle(now=done_at + 2 * HOUR, stager=stager)
+    assert len(stager.released) == 1  # once
+
+
+def test_a_copy_another_request_still_pins_is_not_released(alice, bob, now):
+    restore_submit(user=alice, now=now, paths=["/pin/shared"], pin_lifetime=HOUR)
+    restore_submit(user=bob, now=now, paths=["/pin/shared"], pin_lifetime=3 * HOUR)
+    stager = FlakyStager()
+    done_at = restored(stager, now)
+    run_cycle(now=done_at + HOUR, stager=stager)
+    assert stager.released == []
+    assert RestoreRequest.objects.get(user=alice).pin_until is None
+    run_cycle(now=done_at + 3 * HOUR, stager=stager)
+    assert released_paths(stager) == ["/pin/shared"]
+
+
+def test_release_pins_ends_the_users_own_pins_at_once(alice, bob, now):
+    from carousel.pins import release_pins
+
+    restore_submit(user=alice, now=now, paths=["/rel/a", "/rel/b"], pin_lifetime=HOUR)
+    restore_submit(user=bob, now=now, paths=["/rel/b"], pin_lifetime=HOUR)
+    stager = FlakyStager()
+    done_at = restored(stager, now)
+    assert release_pins(user=alice, paths=["/rel/a", "/rel/b", "/rel/never"], now=done_at) == 2
+    assert release_pins(user=alice, paths=["/rel/a"], now=done_at) == 0
+    run_cycle(now=done_at + SECOND, stager=stager)
+    assert released_paths(stager) == ["/rel/a"]  # bob still pins /rel/b
+    assert release_pins(user=bob, paths=["/rel/b"], now=done_at + 2 * SECOND) == 1
+    run_cycle(now=done_at + 3 * SECOND, stager=stager)
+    assert released_paths(stager) == ["/rel/a", "/rel/b"]
+
+
+@pytest.mark.parametrize("lifetime", [timedelta(hours=-1), timedelta(0), timedelta(days=999_999), "PT1H"])
+def test_a_pin_lifetime_must_be_positive_and_bounded(alice, now, lifetime):
+    with pytest.raises(InvalidSubmission, match="pin_lifetime"):
+        restore_submit(user=alice, now=now, paths=["/p/x"], pin_lifetime=lifetime)
+    assert not RestoreRequest.objects.exists()
