@@ -92,6 +92,7 @@ def _work(*, now, stager, control, state, report):
     try:
         report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
         status = stager.status() or {}
+        StagerHealth.objects.filter(id=1).update(status=status, status_at=now)
         budget = disk_budget(status=status, control=control)
         sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)
     except PluginError as exc:

@@ -230,6 +230,10 @@ class StagerHealth(Singleton):
     disk_total_bytes = models.BigIntegerField(null=True, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
     preempted_at = models.DateTimeField("last preemption", null=True, blank=True)
+    # What the stager last reported of itself (status(): drives, queues, disk), recorded by the
+    # loop each cycle it reaches the stager, so pages never call the stager in a web request.
+    status = models.JSONField(default=dict, blank=True)
+    status_at = models.DateTimeField("status reported at", null=True, blank=True)
 
     class Meta:
         verbose_name = "stager health"

@@ -18,6 +18,7 @@ from carousel.stagers.immediate import ImmediateStager
 from carousel.services import restore_submit
 from tests.conftest import client_for
 from tests.test_backpressure import GB, Backend, control
+from tests.test_frontend import DrivesStager
 from tests.test_loop import ScriptedStager
 
 SECOND = timedelta(seconds=1)
@@ -414,3 +415,30 @@ def test_a_pin_lifetime_must_be_positive_and_bounded(alice, now, lifetime):
     with pytest.raises(InvalidSubmission, match="pin_lifetime"):
         restore_submit(user=alice, now=now, paths=["/p/x"], pin_lifetime=lifetime)
     assert not RestoreRequest.objects.exists()
+
+
+class CountingDrivesStager(DrivesStager):
+    """Two drives; counts status() calls across instances (the web process builds its own)."""
+
+    status_calls = 0
+
+    def status(self):
+        CountingDrivesStager.status_calls += 1
+        return super().status()
+
+
+def test_the_live_page_and_the_api_read_what_the_loop_recorded_and_never_call_the_stager(
+        alice, now, settings, client):
+    settings.CAROUSEL_STAGERS = {**settings.CAROUSEL_STAGERS, "counting": "tests.test_bad_days.CountingDrivesStager"}
+    settings.CAROUSEL_STAGER = "counting"
+    restore_submit(user=alice, now=now, paths=["/live/a"])
+    run_cycle(now=now)
+    assert CountingDrivesStager.status_calls >= 1
+    calls = CountingDrivesStager.status_calls
+    client.force_login(alice)
+    for _ in range(3):
+        html = client.get("/live/fragment/").content.decode()
+        assert "LTO-7 #1" in html and "Files queued at the stager: 12" in html
+    assert client.get("/live/").status_code == 200
+    assert client_for(alice).get("/api/v1/stager/").status_code == 200
+    assert CountingDrivesStager.status_calls == calls
