@@ -8,6 +8,7 @@ chains, preemption, sending), delivery.py (copies to users)."""
 import logging
 from dataclasses import dataclass
 
+from django.db import InterfaceError, OperationalError
 from django.db.models import F, Sum
 
 from policies.selection import share_policy, sort_policy
@@ -59,6 +60,8 @@ def run_cycle(*, now, stager=None):
         report = CycleReport()
         try:
             _steps(now=now, stager=stager or plugins.stager(), control=control, report=report)
+        except (OperationalError, InterfaceError):
+            raise  # the database itself is gone: nothing can be recorded; the caller says so once
         except Exception as exc:  # noqa: BLE001 - a bug or a broken plugin: shown, and the next cycle tries
             report.error = f"the cycle stopped: {type(exc).__name__}: {exc}"
             if report.error == control.last_cycle_error:
