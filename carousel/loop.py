@@ -2,9 +2,11 @@
 read inside, so tests and the replay simulator drive the same code with a simulated clock.
 
 Each step lives in a module of its own, in the order run_cycle calls them:
-withdrawals.py (expiry), failures.py (retries, quarantine), progress.py (polling), health.py
-(the judgement), locating.py, claiming.py (policies -> jobs), mounts.py with plan.py (the drives'
-chains, preemption, sending), delivery.py (copies to users)."""
+withdrawals.py (expiry), failures.py (retries, quarantine), progress.py (polling, and requests
+left in a finished job), health.py (the judgement); while healthy: deadlines.py (jobs that never
+finish), locating.py, claiming.py (policies -> jobs), mounts.py with plan.py (the drives' chains,
+preemption, sending); then pins.py (pins that ran out), withdrawals.py again (the recorded
+stager calls: withdrawals and releases), delivery.py (copies to users)."""
 import logging
 from dataclasses import dataclass
 
@@ -73,16 +75,20 @@ def run_cycle(*, now, stager=None):
 
 
 def _steps(*, now, stager, control, report):
+    # What changes with time alone: deadlines passed, retry times reached.
     report.expired = expire_requests(now=now)
     report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)
+    # What the stager says: progress, and from it the judgement of its health.
     seen = collect_progress(now=now, stager=stager, control=control, report=report)
     state = judge_stager(now=now, seen=seen, control=control)
     if state.state == h.HEALTHY:
         state = _work(now=now, stager=stager, control=control, state=state, report=report)
     report.health, report.jobs_limit = state.state, state.limit
+    # Taking back and letting go: pins that ran out, then the recorded withdrawals and releases
+    # (never while the stager is down, never holding the cycle up).
     end_expired_pins(now=now)
-    # Withdrawals and releases recorded by cancels, expiries, give-ups and pins' ends.
     report.stager_calls = send_stager_calls(now=now, stager=stager)
+    # Copies to users, and the notices of finished submissions.
     report.delivering = dispatch_deliveries(now=now, control=control)
     bulk_notify_complete(now=now)
 
