@@ -36,8 +36,15 @@ def files_in_flight(jobs):
 
 
 def job_spec(job, files):
-    return JobSpec(id=str(job.id), paths=list(files), tape=job.tape.label if job.tape else "",
+    spec = JobSpec(id=str(job.id), paths=list(files), tape=job.tape.label if job.tape else "",
                    backend_id=job.backend_id)
+    if not job.backend_id:
+        # Being sent: the pins its files should get on the stager's disk (stagers that take them),
+        # the longest any of their users asked for, in seconds. One query per job sent.
+        spec.lifetimes = {path: seconds.total_seconds() for path, seconds in (
+            RestoreRequest.objects.filter(job_id=job.id, state__in=IN_FLIGHT_STATES, pin_lifetime__isnull=False)
+            .order_by().values_list("path").annotate(longest=Max("pin_lifetime")).values_list("path", "longest"))}
+    return spec
 
 
 def requeue_orphans(*, now):

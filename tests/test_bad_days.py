@@ -442,3 +442,16 @@ def test_the_live_page_and_the_api_read_what_the_loop_recorded_and_never_call_th
     assert client.get("/live/").status_code == 200
     assert client_for(alice).get("/api/v1/stager/").status_code == 200
     assert CountingDrivesStager.status_calls == calls
+
+
+def test_a_job_carries_its_files_pin_lifetimes_to_the_stager(alice, bob, now):
+    restore_submit(user=alice, now=now, paths=["/life/a", "/life/b"], pin_lifetime=2 * HOUR)
+    restore_submit(user=bob, now=now, paths=["/life/a"], pin_lifetime=3 * HOUR)
+    restore_submit(user=bob, now=now, paths=["/life/c"])
+    stager = FlakyStager()
+    run_cycle(now=now, stager=stager)
+    lifetimes = {}
+    for job in stager.submitted:
+        lifetimes.update(job.lifetimes)
+    # The longest pin of the users who want a file; none for a file nobody pins.
+    assert lifetimes == {"/life/a": 3 * 3600, "/life/b": 2 * 3600}
