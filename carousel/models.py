@@ -191,8 +191,8 @@ class Control(Singleton):
         help_text="A job still at the stager this long after it was sent (or its estimate times the factor below, "
                   "when longer) is asked about once more, then given up: its unfinished files go back to the queue "
                   "and its drive's chain goes on.")
-    job_deadline_factor = models.FloatField("job deadline: times its estimate", validators=bounded("job_deadline_factor"),
-                                            default=4.0)
+    job_deadline_factor = models.FloatField(
+        "job deadline: times its estimate", validators=bounded("job_deadline_factor"), default=4.0)
     paused = models.BooleanField("submission paused", default=False)
     last_cycle_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_cycle_error = models.TextField(blank=True, editable=False)

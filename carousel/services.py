@@ -11,7 +11,7 @@ from . import db
 from .exceptions import InvalidSubmission, QueueCeilingReached
 from .models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
-    ErrorClass, RequestState, RestoreRequest, StagerCall, path_key,
+    ErrorClass, Job, JobState, RequestState, RestoreRequest, StagerCall, path_key,
 )
 from .paths import validate_paths
 
@@ -131,8 +131,9 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
 
 def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCELLED):
     """Cancel (or, with to=EXPIRED, expire) the active requests of `queryset`. Returns (count,
-    withdrawals): the (job, path) pairs to take back from the stager, which leaves out any
-    file that another user's request still shares."""
+    withdrawals): the (job, path) pairs taken back from the stager, which leaves out any file
+    that another user's request still shares. They are recorded as stager calls in the same
+    transaction (the loop sends them); a caller may ask for an early send (tasks.withdraw_on_commit)."""
     with transaction.atomic():
         # Locked first, so the loop cannot claim one of them between the two statements below
         # (it would then be cancelled here but never withdrawn from the stager).
@@ -159,8 +160,6 @@ def stager_call_record(*, kind, pairs, now):
     stager confirms (carousel/withdrawals.py). Call it inside the transaction that makes the
     change, so the change and its call are stored together or not at all. A job the stager never
     acknowledged has nothing there to withdraw or release: skipped."""
-    from .models import Job
-
     by_job = {}
     for job, path in pairs:
         by_job.setdefault(job, []).append(path)
@@ -173,10 +172,9 @@ def stager_call_record(*, kind, pairs, now):
 def job_give_up(*, queryset, now, reason):
     """Stop waiting for jobs at the stager (past their deadline, or an operator's word): their
     unfinished files go back to the queue with the attempt counted (failed once attempts run
-    out), each job fails, and the job planned after it on its drive's chain may go. Returns
-    (jobs, withdrawals): the (job, path) pairs to take back from the stager."""
-    from .models import Job, JobState
-
+    out), each job fails, and the job planned after it on its drive's chain may go. The files
+    are withdrawn from the stager through recorded stager calls. Returns (jobs given up, the
+    (job, path) pairs withdrawn)."""
     control = Control.get()
     with transaction.atomic():
         jobs = list(queryset.filter(state__in=(JobState.PENDING, JobState.SENT)).select_for_update()
