@@ -2,7 +2,10 @@
 Control.job_deadline_floor_s and its estimate times Control.job_deadline_factor, from when it
 was sent) is marked overdue; the stager is polled once more at the next cycle, and a job still
 unfinished after that is given up (services.job_give_up), so it cannot block its drive's chain
-for ever. The open jobs number at most K: they are read into Python."""
+for ever. Only jobs on a chain (the mount plan) have a deadline: alone on their drive, their
+estimate means something, and the job after them waits for them. Jobs sent without a plan wait
+in the stager's own queue for as long as it takes, block no chain, and a stager that moves
+none of them is judged stalled. The open jobs number at most K: they are read into Python."""
 import logging
 from datetime import timedelta
 
@@ -15,7 +18,7 @@ log = logging.getLogger("carousel.loop")
 def end_overdue_jobs(*, now, control):
     """Mark the jobs past their deadline; give up those marked at an earlier cycle (polled once
     more since); their files are withdrawn through stager calls. Returns the jobs given up."""
-    sent = Job.objects.filter(state=JobState.SENT)
+    sent = Job.objects.filter(state=JobState.SENT).exclude(chain="")
     marked = list(sent.filter(overdue_at__lt=now).values_list("id", flat=True))
     n = 0
     if marked:

@@ -18,8 +18,9 @@ def locate_requests(*, now, stager, limit, control=None):
     """Learn the tape, position and size of queued requests not located yet."""
     again = list(RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=False, locate_after__lte=now)
                  .order_by("locate_after").values_list("id", "path", "path_key")[:limit])
+    room = limit - min(len(again), limit // 2)
     new = list(RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=True)
-               .order_by("created_at", "id").values_list("id", "path", "path_key")[:limit - min(len(again), limit // 2)])
+               .order_by("created_at", "id").values_list("id", "path", "path_key")[:room])
     batch = again[:limit - len(new)] + new
     if not batch:
         return 0

@@ -2,13 +2,16 @@
 read inside, so tests and the replay simulator drive the same code with a simulated clock.
 
 Each step lives in a module of its own, in the order run_cycle calls them:
-withdrawals.py (expiry), failures.py (retries, quarantine), progress.py (polling), health.py
-(the judgement), locating.py, claiming.py (policies -> jobs), mounts.py with plan.py (the drives'
-chains, preemption, sending), delivery.py (copies to users)."""
+withdrawals.py (expiry), failures.py (retries, quarantine), progress.py (polling, and requests
+left in a finished job), health.py (the judgement); while healthy: deadlines.py (jobs that never
+finish), locating.py, claiming.py (policies -> jobs), mounts.py with plan.py (the drives' chains,
+preemption, sending); then pins.py (pins that ran out), withdrawals.py again (the recorded
+stager calls: withdrawals and releases), delivery.py (copies to users)."""
 import logging
 import time
 from dataclasses import dataclass
 
+from django.db import InterfaceError, OperationalError
 from django.db.models import F, Sum
 
 from policies.selection import share_policy, sort_policy
@@ -21,6 +24,7 @@ from .failures import requeue_due_retries
 from .locating import locate_requests
 from .models import IN_FLIGHT_STATES, Control, RestoreRequest, StagerHealth
 from .mounts import MountPlanner, preempt, send_jobs
+from .pins import end_expired_pins
 from .plugins import PluginError
 from .progress import collect_progress, log_unexpected, requeue_orphans
 from .services import bulk_notify_complete
@@ -60,6 +64,8 @@ def run_cycle(*, now, stager=None):
         report = CycleReport()
         try:
             _steps(now=now, stager=stager or plugins.stager(), control=control, report=report)
+        except (OperationalError, InterfaceError):
+            raise  # the database itself is gone: nothing can be recorded; the caller says so once
         except Exception as exc:  # noqa: BLE001 - a bug or a broken plugin: shown, and the next cycle tries
             report.error = f"the cycle stopped: {type(exc).__name__}: {exc}"
             if report.error == control.last_cycle_error:
@@ -72,15 +78,20 @@ def run_cycle(*, now, stager=None):
 
 
 def _steps(*, now, stager, control, report):
+    # What changes with time alone: deadlines passed, retry times reached.
     report.expired = expire_requests(now=now)
     report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)
+    # What the stager says: progress, and from it the judgement of its health.
     seen = collect_progress(now=now, stager=stager, control=control, report=report)
     state = judge_stager(now=now, seen=seen, control=control)
     if state.state == h.HEALTHY:
         state = _work(now=now, stager=stager, control=control, state=state, report=report)
     report.health, report.jobs_limit = state.state, state.limit
-    # Withdrawals and releases recorded by cancels, expiries, give-ups and pins' ends.
+    # Taking back and letting go: pins that ran out, then the recorded withdrawals and releases
+    # (never while the stager is down, never holding the cycle up).
+    end_expired_pins(now=now)
     report.stager_calls = send_stager_calls(now=now, stager=stager)
+    # Copies to users, and the notices of finished submissions.
     report.delivering = dispatch_deliveries(now=now, control=control)
     bulk_notify_complete(now=now)
 
@@ -93,6 +104,7 @@ def _work(*, now, stager, control, state, report):
     try:
         report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
         status = stager.status() or {}
+        StagerHealth.objects.filter(id=1).update(status=status, status_at=now)
         budget = disk_budget(status=status, control=control)
         sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)
     except PluginError as exc:

@@ -191,8 +191,8 @@ class Control(Singleton):
         help_text="A job still at the stager this long after it was sent (or its estimate times the factor below, "
                   "when longer) is asked about once more, then given up: its unfinished files go back to the queue "
                   "and its drive's chain goes on.")
-    job_deadline_factor = models.FloatField("job deadline: times its estimate", validators=bounded("job_deadline_factor"),
-                                            default=4.0)
+    job_deadline_factor = models.FloatField(
+        "job deadline: times its estimate", validators=bounded("job_deadline_factor"), default=4.0)
     paused = models.BooleanField("submission paused", default=False)
     last_cycle_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_cycle_error = models.TextField(blank=True, editable=False)
@@ -230,6 +230,10 @@ class StagerHealth(Singleton):
     disk_total_bytes = models.BigIntegerField(null=True, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
     preempted_at = models.DateTimeField("last preemption", null=True, blank=True)
+    # What the stager last reported of itself (status(): drives, queues, disk), recorded by the
+    # loop each cycle it reaches the stager, so pages never call the stager in a web request.
+    status = models.JSONField(default=dict, blank=True)
+    status_at = models.DateTimeField("status reported at", null=True, blank=True)
 
     class Meta:
         verbose_name = "stager health"
@@ -376,6 +380,9 @@ class JobState(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+FINISHED_JOB_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
 class Job(models.Model):
     """A batch of requests sent to the stager. Its id exists before it is sent, so sending is
     idempotent on it and a crash between commit and acknowledgement can be reconciled."""
@@ -455,6 +462,9 @@ class RestoreRequest(models.Model):
     deadline = models.DateTimeField(null=True, blank=True, help_text="Unfinished after this: expired.")
     pin_lifetime = models.DurationField(null=True, blank=True,
                                         help_text="How long the restored copy must stay on disk.")
+    pin_until = models.DateTimeField(null=True, blank=True,
+                                     help_text="The restored copy is pinned on the stager's disk until then "
+                                               "(carousel/pins.py); empty: no pin, or it has ended.")
     state = models.CharField(max_length=16, choices=RequestState.choices, default=RequestState.QUEUED)
     attempts = models.PositiveSmallIntegerField(default=0)
     error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True, default="")
@@ -520,6 +530,7 @@ class RestoreRequest(models.Model):
             models.Index(fields=["retry_at"], name="request_retry_due", condition=Q(state=S.RETRY)),
             # Retention prunes finished requests oldest first, a batch at a time.
             models.Index(fields=["finished_at"], name="request_finished", condition=Q(state__in=TERMINAL_STATES)),
+            models.Index(fields=["pin_until"], name="request_pin_due", condition=Q(pin_until__isnull=False)),
             models.Index(fields=["delivery_fs", "delivery_started_at"], name="request_delivering",
                          condition=Q(state=S.DELIVERING)),
             models.Index(fields=["created_at"], name="request_unlocated",

@@ -16,7 +16,8 @@ from policies.sorting import TapeInfo
 from . import plan
 from .failures import Failure, fail_requests
 from .models import (
-    IN_FLIGHT_STATES, READY, Control, ErrorClass, Job, JobState, RequestState as S, RestoreRequest, StagerHealth, Tape,
+    FINISHED_JOB_STATES, IN_FLIGHT_STATES, READY, Control, ErrorClass, Job, JobState, RequestState as S,
+    RestoreRequest, StagerHealth, Tape,
 )
 from .progress import files_in_flight, job_spec
 from .services import request_transition
@@ -24,7 +25,6 @@ from .stagers.base import StagerUnavailable
 from .tape import MEDIA, mount_profile
 
 log = logging.getLogger("carousel.loop")
-FINISHED_JOBS = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
 
 
 @dataclass
@@ -227,7 +227,7 @@ def send_jobs(*, now, stager):
     """Send every committed, unacknowledged job. A job left pending by a crash is sent again
     with the same id, which the stager treats as the same job. Returns the error that stopped
     sending, or ""."""
-    ready = Q(after__isnull=True) | Q(after__state__in=FINISHED_JOBS)
+    ready = Q(after__isnull=True) | Q(after__state__in=FINISHED_JOB_STATES)
     pending = {str(j.id): j for j in Job.objects.filter(ready, state=JobState.PENDING).select_related("tape")
                .order_by("created_at", "rank")}
     if not pending:

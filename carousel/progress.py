@@ -8,13 +8,13 @@ from django.db.models import Case, F, Max, TextField, Value, When
 from . import health as h, plugins
 from .failures import count_tape_failures, fail_requests, says_about_tape
 from .models import (
-    ACTIVE_STATES, IN_FLIGHT_STATES, ErrorClass, Job, JobState, RequestState as S, RestoreRequest, StagerHealth, Tape,
+    ACTIVE_STATES, FINISHED_JOB_STATES, IN_FLIGHT_STATES, ErrorClass, Job, JobState, RequestState as S,
+    RestoreRequest, StagerHealth, Tape,
 )
 from .services import request_transition
 from .stagers.base import JobSpec, StagerUnavailable
 
 log = logging.getLogger("carousel.loop")
-FINISHED_JOBS = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)  # as in mounts.py (b)
 
 
 def log_unexpected(exc, doing):
@@ -36,8 +36,15 @@ def files_in_flight(jobs):
 
 
 def job_spec(job, files):
-    return JobSpec(id=str(job.id), paths=list(files), tape=job.tape.label if job.tape else "",
+    spec = JobSpec(id=str(job.id), paths=list(files), tape=job.tape.label if job.tape else "",
                    backend_id=job.backend_id)
+    if not job.backend_id:
+        # Being sent: the pins its files should get on the stager's disk (stagers that take them),
+        # the longest any of their users asked for, in seconds. One query per job sent.
+        spec.lifetimes = {path: seconds.total_seconds() for path, seconds in (
+            RestoreRequest.objects.filter(job_id=job.id, state__in=IN_FLIGHT_STATES, pin_lifetime__isnull=False)
+            .order_by().values_list("path").annotate(longest=Max("pin_lifetime")).values_list("path", "longest"))}
+    return spec
 
 
 def requeue_orphans(*, now):
@@ -45,7 +52,7 @@ def requeue_orphans(*, now):
     joins another user's job in flight without waiting for the loop; if the loop finishes that
     job before the submission commits, nothing would ever poll the copy again. Rare, and
     found here by one indexed query a cycle rather than a lock every submission would take."""
-    orphans = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES, job__state__in=FINISHED_JOBS)
+    orphans = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES, job__state__in=FINISHED_JOB_STATES)
     n = request_transition(orphans, S.QUEUED, now=now)
     if n:
         log.info("%d requests joined a job as it finished: back in the queue", n)

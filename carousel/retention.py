@@ -14,11 +14,10 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from .models import TERMINAL_STATES, Bulk, BulkItem, Job, JobState, RestoreRequest, Transition
+from .models import FINISHED_JOB_STATES, TERMINAL_STATES, Bulk, BulkItem, Job, RestoreRequest, Transition
 
 log = logging.getLogger("carousel.retention")
 
-FINISHED_JOB_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
 
 
 @dataclass

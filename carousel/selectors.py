@@ -554,18 +554,20 @@ def hourly_series(*, now, hours=LIVE_HOURS):
 
 
 def stager_report():
-    """What the stager itself reports (drives, queues, disk), {} when it reports nothing; a
-    failure to answer is shown, not raised: the page must render while the stager is down."""
-    from . import plugins
+    """What the stager itself reported (drives, queues, disk) at the loop's last cycle that
+    reached it, {} when nothing; never a call to the stager (a web request must not wait on it).
+    While the loop judges it down, "error" says why."""
+    from .models import StagerHealth
 
-    try:
-        status = dict(plugins.stager().status() or {})
-    except Exception as exc:  # noqa: BLE001 - any backend failure is reported the same way
-        return {"error": f"{type(exc).__name__}: {exc}"}
+    row = StagerHealth.get()
+    status = dict(row.status or {})
+    if row.state == "down":
+        status["error"] = row.reason or "unreachable"
     clock = status.get("clock_s")
     # How long each drive has been at what it does, when the backend gives its clock.
     status["drives"] = [{**d, "for_s": clock - d["since_s"]} if clock is not None and d.get("since_s") is not None
                         else d for d in status.get("drives") or []]
+    status["reported_at"] = row.status_at
     return status
 
 

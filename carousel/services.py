@@ -5,13 +5,13 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Value
 
 from . import db, selectors
 from .exceptions import InvalidSubmission, NotAllowed, QueueCeilingReached
 from .models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
-    ErrorClass, RequestState, RestoreRequest, StagerCall, path_key,
+    ErrorClass, Job, JobState, RequestState, RestoreRequest, StagerCall, path_key,
 )
 from .paths import PathError, check_destination, check_path, validate_paths
 
@@ -37,7 +37,9 @@ def request_transition(queryset, to, *, now, **fields):
         stamps.update(finished_at=None, retry_at=None, job=None, submitted_at=None, started_at=None,
                       staged_path="", delivery_fs="", delivery_started_at=None)
     if to == S.DONE:
-        stamps.update(error_class=ErrorClass.NONE, last_error="")
+        # A pin runs from the moment the copy is there (carousel/pins.py); none without a lifetime.
+        stamps.update(error_class=ErrorClass.NONE, last_error="",
+                      pin_until=ExpressionWrapper(Value(now) + F("pin_lifetime"), output_field=DateTimeField()))
     return queryset.filter(state__in=ALLOWED_FROM[to]).update(state=to, **stamps, **fields)
 
 
@@ -72,8 +74,10 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         raise InvalidSubmission("priority must be an integer from 0 to 3")
     if deadline is not None and deadline <= now:
         raise InvalidSubmission("deadline is in the past")
-    if pin_lifetime is not None and not MIN_PIN_LIFETIME <= pin_lifetime <= MAX_PIN_LIFETIME:
-        raise InvalidSubmission(f"pin_lifetime must be from {MIN_PIN_LIFETIME} to {MAX_PIN_LIFETIME.days} days")
+    if pin_lifetime is not None and not (isinstance(pin_lifetime, timedelta)
+                                         and MIN_PIN_LIFETIME <= pin_lifetime <= MAX_PIN_LIFETIME):
+        raise InvalidSubmission(f"pin_lifetime must be a duration from {MIN_PIN_LIFETIME} to "
+                                f"{MAX_PIN_LIFETIME.days} days")
     destination = _allowed_destination(user, destination or "")
     _check_authorised(user, paths, clean)
 
@@ -160,8 +164,9 @@ def _check_authorised(user, paths, clean):
 
 def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCELLED):
     """Cancel (or, with to=EXPIRED, expire) the active requests of `queryset`. Returns (count,
-    withdrawals): the (job, path) pairs to take back from the stager, which leaves out any
-    file that another user's request still shares."""
+    withdrawals): the (job, path) pairs taken back from the stager, which leaves out any file
+    that another user's request still shares. They are recorded as stager calls in the same
+    transaction (the loop sends them); a caller may ask for an early send (tasks.withdraw_on_commit)."""
     with transaction.atomic():
         # Locked first, so the loop cannot claim one of them between the two statements below
         # (it would then be cancelled here but never withdrawn from the stager).
@@ -188,8 +193,6 @@ def stager_call_record(*, kind, pairs, now):
     stager confirms (carousel/withdrawals.py). Call it inside the transaction that makes the
     change, so the change and its call are stored together or not at all. A job the stager never
     acknowledged has nothing there to withdraw or release: skipped."""
-    from .models import Job
-
     by_job = {}
     for job, path in pairs:
         by_job.setdefault(job, []).append(path)
@@ -202,10 +205,9 @@ def stager_call_record(*, kind, pairs, now):
 def job_give_up(*, queryset, now, reason):
     """Stop waiting for jobs at the stager (past their deadline, or an operator's word): their
     unfinished files go back to the queue with the attempt counted (failed once attempts run
-    out), each job fails, and the job planned after it on its drive's chain may go. Returns
-    (jobs, withdrawals): the (job, path) pairs to take back from the stager."""
-    from .models import Job, JobState
-
+    out), each job fails, and the job planned after it on its drive's chain may go. The files
+    are withdrawn from the stager through recorded stager calls. Returns (jobs given up, the
+    (job, path) pairs withdrawn)."""
     control = Control.get()
     with transaction.atomic():
         jobs = list(queryset.filter(state__in=(JobState.PENDING, JobState.SENT)).select_for_update()

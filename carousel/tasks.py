@@ -1,21 +1,42 @@
 """Celery tasks: thin wrappers around the loop and the services."""
+import contextlib
+import logging
+
 from celery import shared_task
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from . import delivery, loop, plugins, withdrawals
 from .models import Control
 
+log = logging.getLogger("carousel.loop")
+_database_down = False  # this worker process has logged that the database is unreachable
+
 
 @shared_task(name="carousel.tasks.cycle_tick", ignore_result=True)
 def cycle_tick():
-    """Beat fires this every tick; a cycle runs when the control row's period has passed."""
-    now = timezone.now()
-    control = Control.get()
-    if control.last_cycle_at and (now - control.last_cycle_at).total_seconds() < control.cycle_s * 0.95:
-        return "not due"
-    report = loop.run_cycle(now=now)
-    return "skipped" if report.skipped else "ran"
+    """Beat fires this every tick; a cycle runs when the control row's period has passed. While
+    the database is unreachable each tick is skipped; the outage is logged once, when it begins,
+    and once more when it ends, rather than a traceback per tick."""
+    global _database_down
+    try:
+        now = timezone.now()
+        control = Control.get()
+        if control.last_cycle_at and (now - control.last_cycle_at).total_seconds() < control.cycle_s * 0.95:
+            result = "not due"
+        else:
+            result = "skipped" if loop.run_cycle(now=now).skipped else "ran"
+    except (OperationalError, InterfaceError) as exc:
+        with contextlib.suppress(Exception):
+            connection.close()  # a new connection at the next tick
+        if not _database_down:
+            log.error("database unreachable, cycles wait until it is back: %s", str(exc).strip())
+        _database_down = True
+        return "database down"
+    if _database_down:
+        log.warning("database back: cycles run again")
+        _database_down = False
+    return result
 
 
 @shared_task(name="carousel.tasks.withdraw", ignore_result=True)

@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connections, transaction
 from django.test import Client
 
+from carousel.exceptions import InvalidSubmission
 from carousel.loop import run_cycle
 from carousel.models import Control, Job, RestoreRequest, StagerCall, Tape
 from carousel.stagers.base import LocateError, StagerUnavailable
@@ -17,6 +18,7 @@ from carousel.stagers.immediate import ImmediateStager
 from carousel.services import restore_submit
 from tests.conftest import client_for
 from tests.test_backpressure import GB, Backend, control
+from tests.test_frontend import DrivesStager
 from tests.test_loop import ScriptedStager
 
 SECOND = timedelta(seconds=1)
@@ -347,3 +349,109 @@ def test_stager_calls_are_bounded_per_cycle_and_a_slow_stager_does_not_hold_the_
     assert time.monotonic() - started < 5
     release.set()
     assert StagerCall.objects.count() == 3  # kept, sent again once their lease ends
+
+
+HOUR = timedelta(hours=1)
+
+
+def restored(stager, now):
+    run_cycle(now=now, stager=stager)
+    run_cycle(now=now + 10 * SECOND, stager=stager)
+    return now + 10 * SECOND
+
+
+def released_paths(stager):
+    return sorted(p for _, paths in stager.released for p in paths)
+
+
+def test_a_pin_ends_when_its_lifetime_runs_out_and_the_stager_releases_the_copy(alice, now):
+    restore_submit(user=alice, now=now, paths=["/pin/a", "/pin/b"], pin_lifetime=HOUR)
+    restore_submit(user=alice, now=now, paths=["/pin/unpinned"])
+    stager = FlakyStager()
+    done_at = restored(stager, now)
+    req = RestoreRequest.objects.get(path="/pin/a")
+    assert req.state == "done" and req.pin_until == done_at + HOUR
+    assert RestoreRequest.objects.get(path="/pin/unpinned").pin_until is None
+    run_cycle(now=done_at + HOUR - SECOND, stager=stager)
+    assert stager.released == []
+    run_cycle(now=done_at + HOUR, stager=stager)
+    assert released_paths(stager) == ["/pin/a", "/pin/b"]
+    assert not RestoreRequest.objects.filter(pin_until__isnull=False).exists()
+    assert not StagerCall.objects.exists()
+    run_cycle(now=done_at + 2 * HOUR, stager=stager)
+    assert len(stager.released) == 1  # once
+
+
+def test_a_copy_another_request_still_pins_is_not_released(alice, bob, now):
+    restore_submit(user=alice, now=now, paths=["/pin/shared"], pin_lifetime=HOUR)
+    restore_submit(user=bob, now=now, paths=["/pin/shared"], pin_lifetime=3 * HOUR)
+    stager = FlakyStager()
+    done_at = restored(stager, now)
+    run_cycle(now=done_at + HOUR, stager=stager)
+    assert stager.released == []
+    assert RestoreRequest.objects.get(user=alice).pin_until is None
+    run_cycle(now=done_at + 3 * HOUR, stager=stager)
+    assert released_paths(stager) == ["/pin/shared"]
+
+
+def test_release_pins_ends_the_users_own_pins_at_once(alice, bob, now):
+    from carousel.pins import release_pins
+
+    restore_submit(user=alice, now=now, paths=["/rel/a", "/rel/b"], pin_lifetime=HOUR)
+    restore_submit(user=bob, now=now, paths=["/rel/b"], pin_lifetime=HOUR)
+    stager = FlakyStager()
+    done_at = restored(stager, now)
+    assert release_pins(user=alice, paths=["/rel/a", "/rel/b", "/rel/never"], now=done_at) == 2
+    assert release_pins(user=alice, paths=["/rel/a"], now=done_at) == 0
+    run_cycle(now=done_at + SECOND, stager=stager)
+    assert released_paths(stager) == ["/rel/a"]  # bob still pins /rel/b
+    assert release_pins(user=bob, paths=["/rel/b"], now=done_at + 2 * SECOND) == 1
+    run_cycle(now=done_at + 3 * SECOND, stager=stager)
+    assert released_paths(stager) == ["/rel/a", "/rel/b"]
+
+
+@pytest.mark.parametrize("lifetime", [timedelta(hours=-1), timedelta(0), timedelta(days=999_999), "PT1H"])
+def test_a_pin_lifetime_must_be_positive_and_bounded(alice, now, lifetime):
+    with pytest.raises(InvalidSubmission, match="pin_lifetime"):
+        restore_submit(user=alice, now=now, paths=["/p/x"], pin_lifetime=lifetime)
+    assert not RestoreRequest.objects.exists()
+
+
+class CountingDrivesStager(DrivesStager):
+    """Two drives; counts status() calls across instances (the web process builds its own)."""
+
+    status_calls = 0
+
+    def status(self):
+        CountingDrivesStager.status_calls += 1
+        return super().status()
+
+
+def test_the_live_page_and_the_api_read_what_the_loop_recorded_and_never_call_the_stager(
+        alice, now, settings, client):
+    settings.CAROUSEL_STAGERS = {**settings.CAROUSEL_STAGERS, "counting": "tests.test_bad_days.CountingDrivesStager"}
+    settings.CAROUSEL_STAGER = "counting"
+    restore_submit(user=alice, now=now, paths=["/live/a"])
+    run_cycle(now=now)
+    assert CountingDrivesStager.status_calls >= 1
+    calls = CountingDrivesStager.status_calls
+    client.force_login(alice)
+    for _ in range(3):
+        html = client.get("/live/fragment/").content.decode()
+        assert "LTO-7 #1" in html and "Files queued at the stager: 12" in html
+    assert client.get("/live/").status_code == 200
+    assert client_for(alice).get("/api/v1/stager/").status_code == 200
+    assert CountingDrivesStager.status_calls == calls
+
+
+def test_a_job_carries_its_files_pin_lifetimes_to_the_stager(alice, bob, now):
+    restore_submit(user=alice, now=now, paths=["/life/a", "/life/b"], pin_lifetime=2 * HOUR)
+    restore_submit(user=bob, now=now, paths=["/life/a"], pin_lifetime=3 * HOUR)
+    restore_submit(user=bob, now=now, paths=["/life/c"])
+    stager = FlakyStager()
+    run_cycle(now=now, stager=stager)
+    lifetimes = {}
+    for job in stager.submitted:
+        lifetimes.update(job.lifetimes)
+    # The longest pin of the users who want a file; none for a file nobody pins.
+    assert lifetimes == {"/life/a": 3 * 3600, "/life/b": 2 * 3600}

@@ -6,6 +6,7 @@ Killed with SIGKILL in the middle of cycles, again and again, or with Redis rest
 it, the broker loses no request and stages no file twice."""
 import contextlib
 import json
+import shlex
 import os
 import signal
 import subprocess
@@ -157,3 +158,44 @@ def test_restarting_redis_in_the_middle_of_a_run_loses_nothing(transactional_db,
         redis.terminate()
         redis.wait()
     assert max(stages_per_file(site).values()) == 1
+
+
+def test_restarting_postgresql_in_the_middle_of_a_run_loses_nothing_and_logs_the_outage_once(
+        transactional_db, tmp_path, site, alice, now):
+    """The suite's own PostgreSQL server (carousel.localservices) is stopped for a few seconds
+    under the running worker and beat, then started again with the same options."""
+    from django.db import connections
+
+    from carousel.localservices import PG_BIN, _as_postgres
+
+    services = os.environ.get("CAROUSEL_SERVICES_DIR")
+    if not services:
+        pytest.fail("CAROUSEL_SERVICES_DIR is not set: run the suite with `make test`")
+    data = Path(services) / "pg"
+    # postmaster.opts: the server's command line; its options after "-D <dir>" start it the same way.
+    argv = shlex.split((data / "postmaster.opts").read_text())
+    options = " ".join(shlex.quote(a) for i, a in enumerate(argv[1:], 1) if a != "-D" and argv[i - 1] != "-D")
+    setup_loop()
+    restore_submit(user=alice, now=now, paths=list(json.loads((site / "catalogue.json").read_text())))
+    connections.close_all()
+    worker = Worker(tmp_path, site, os.environ["REDIS_URL"])
+    try:
+        worker.start()
+        time.sleep(4)
+        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
+                       check=True, stdout=subprocess.DEVNULL)
+        time.sleep(6)  # twenty ticks of the worker with no database
+        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"),
+                                     "-o", options, "-w", "start"]), check=True, stdout=subprocess.DEVNULL)
+        connections.close_all()  # this process's connection died with the server too
+        wait_until_done(worker, timeout=150)
+    finally:
+        worker.stop()
+    assert max(stages_per_file(site).values()) == 1
+    assert len(stages_per_file(site)) == FILES
+    log = (tmp_path / "worker.log").read_text(errors="replace")
+    # Once when it began and once when it ended (each line as many times as the logging setup has
+    # handlers for it), not once per tick: the outage lasted twenty.
+    outage, back = log.count("database unreachable"), log.count("database back")
+    assert 1 <= outage == back <= 2, log[-4000:]
+    assert "Traceback" not in log, log[-4000:]

@@ -1,0 +1,45 @@
+"""Pins: a restored copy stays on the stager's disk for the request's pin_lifetime (the native
+API's `pin_lifetime`, the Tape REST door's diskLifetime). The pin runs from the moment the file
+is done (RestoreRequest.pin_until); when it runs out (the loop's end_expired_pins) or its user
+releases it (release_pins), the broker asks the stager to release() the copy, through a
+recorded stager call (carousel/withdrawals.py), unless another request still wants the file:
+one active, or done with a pin still running. A request without a pin_lifetime holds no pin:
+the stager keeps or drops the copy by its own rules."""
+
+from django.db import transaction
+from django.db.models import Q
+
+from .models import ACTIVE_STATES, RequestState as S, RestoreRequest, StagerCall
+from .services import stager_call_record
+
+PINS_ENDED_PER_CYCLE = 10_000
+
+
+def release_pins(*, user, paths, now):
+    """End `user`'s pins on these paths now. Returns the pins ended (0 for paths not pinned)."""
+    return _end_pins(RestoreRequest.objects.filter(user=user, path__in=list(paths)), now=now)
+
+
+def end_expired_pins(*, now):
+    """The loop's step: end the pins whose lifetime ran out (a bounded number per cycle)."""
+    due = RestoreRequest.objects.filter(pin_until__lte=now).order_by("pin_until").values_list("id", flat=True)
+    return _end_pins(RestoreRequest.objects.filter(id__in=list(due[:PINS_ENDED_PER_CYCLE])), now=now)
+
+
+def _end_pins(queryset, *, now):
+    with transaction.atomic():
+        ended = list(queryset.filter(state=S.DONE, pin_until__isnull=False).select_for_update(of=("self",))
+                     .values_list("id", "path_key", "path", "job_id"))
+        if not ended:
+            return 0
+        RestoreRequest.objects.filter(id__in=[i for i, *_ in ended]).update(pin_until=None)
+        keys = {k for _, k, _, _ in ended}
+        still_wanted = set(RestoreRequest.objects.filter(
+            Q(state__in=ACTIVE_STATES) | Q(state=S.DONE, pin_until__gt=now), path_key__in=keys)
+            .values_list("path_key", flat=True))
+        released = {}
+        for _, key, path, job in ended:
+            if key not in still_wanted and job is not None:
+                released[key] = (job, path)
+        stager_call_record(kind=StagerCall.Kind.RELEASE, pairs=list(released.values()), now=now)
+    return len(ended)
