@@ -122,10 +122,15 @@ def select(*, now, control, sort, share, slots, most_slots=None):
         run = queues[user].popleft()
         group = limits.group[user]
         fit = min(remaining, group_room.get(group, remaining))
-        if len(run) > fit:
+        # A policy that keeps tapes whole needs room for all the user's ready files on the
+        # tape, not only those its pool held (the pool may have been cut by the slots).
+        need = len(run)
+        if sort.whole_tapes:
+            need = max(need, result.tapes[run[0].tape].user_files.get(user, 0))
+        if need > fit:
             if fit <= 0:
                 continue  # this user's group is full: the others go on
-            if result.chosen or len(run) <= most_slots:
+            if result.chosen or need <= most_slots:
                 break  # a whole tape waits for its turn at a later cycle, when slots free up
             run = run[:fit]
         result.chosen.extend(run)
