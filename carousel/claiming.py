@@ -32,7 +32,9 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
         # of it and cuts its last tapes across the drives (plan.py), instead of committing
         # whole tapes one cycle's choice at a time. Still bounded by N x K.
         slots = window
-    selection = select(now=now, control=control, sort=sort, share=share, slots=slots)
+    # Once the work in flight is done, a cycle has the whole window (at most its choice).
+    most = min(control.files_per_job * jobs_limit, max(slots, control.choose_per_cycle))
+    selection = select(now=now, control=control, sort=sort, share=share, slots=slots, most_slots=most)
     if byte_budget is not None:
         selection.chosen = _within(selection.chosen, byte_budget)
     if not selection.chosen:

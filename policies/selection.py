@@ -65,19 +65,21 @@ class Selection:
     rounds: int = 0
 
 
-def select(*, now, control, sort, share, slots):
+def select(*, now, control, sort, share, slots, most_slots=None):
     """Choose up to `slots` ready requests, a mount at a time, in turns of drive time.
 
-    Each user's own queue comes from the sorting policy: up to min(pending, room, slots) of
-    their requests in their order, in runs of one tape (a run is one mount). Then, as in
+    Each user's own queue comes from the sorting policy (how far it looks: see below), in
+    runs of one tape (a run is one mount). Then, as in
     start-time fair queueing, the next run goes to the user whose drive time held (the
     estimated drive time of their work planned or on the drives, plus the runs given this
     cycle) is the smallest for their weight (share.drive_weights); the run's estimated mount
     time (carousel.tape.mount_profile) is charged to them. So the drives' time, not a cycle's
     file slots, is shared, and tapes stay whole: when the run whose turn it is does not fit in
     the slots left, the cycle stops there and the run goes whole at a later cycle (unless the
-    cycle has chosen nothing: a tape bigger than all the slots goes in part). Caps bound each
-    user and group as before; priorities and the maximum wait order each user's own queue."""
+    cycle has chosen nothing and the tape's run is bigger than `most_slots`, the most slots a
+    cycle can have: waiting would not help, so it goes in part). Caps bound each user and group
+    as before; priorities and the maximum wait order each user's own queue."""
+    most_slots = slots if most_slots is None else most_slots
     result = Selection()
     if slots <= 0:
         return result
@@ -88,15 +90,20 @@ def select(*, now, control, sort, share, slots):
     params = params_from(control)
     demands, groups = _demands(backlog, limits)
     # How far into each user's queue to look: twice the file slots the sharing policy would
-    # grant them, and at least a job's worth (N files, so a whole tape of up to N files fits).
-    # This keeps the pools, and the cycle's cost, in proportion to the slots, not to the users'
-    # backlogs; the turns below then decide in drive time.
+    # grant them, and at least a job's worth (N files, so a whole tape of up to N files fits);
+    # and only for the users whose turn comes first (smallest drive time held for their
+    # weight), until their pools hold twice the slots. This keeps the pools, and the cycle's
+    # cost, in proportion to the slots, not to the users or their backlogs.
     grants = share.allocate(demands, groups, slots)
-    wanted = {u: min(backlog[u], limits.user_room[u], slots, max(2 * n, control.files_per_job))
-              for u, n in grants.items() if n > 0}
-    wanted = {u: n for u, n in wanted.items() if n > 0}
-    if not wanted:
-        return result
+    able = [d for d in demands if min(d.pending, d.room) > 0]
+    weights = share.drive_weights(able, groups)
+    held = held_drive_time([d.user for d in able])
+    wanted, total = {}, 0
+    for d in sorted(able, key=lambda d: (_virtual(held[d.user], weights.get(d.user, 0.0)), d.user)):
+        if total >= 2 * slots:
+            break
+        wanted[d.user] = min(d.pending, d.room, slots, max(2 * grants.get(d.user, 0), control.files_per_job))
+        total += wanted[d.user]
     result.rounds = 1
     pools = _gather(wanted, defaultdict(list), sort, now, result.tapes)
     queues = {}
@@ -105,8 +112,7 @@ def select(*, now, control, sort, share, slots):
         runs = [list(run) for _, run in groupby(chosen, key=lambda c: c.tape)]
         if runs:
             queues[user] = deque(runs)
-    weights = share.drive_weights([d for d in demands if d.user in queues], groups)
-    held = held_drive_time(queues)
+    held = {u: held[u] for u in queues}
     group_room = {g: room for g, (_, room) in limits.group_limits.items()}
     heap = [(_virtual(held[u], weights.get(u, 0.0)), u) for u in queues]
     heapq.heapify(heap)
@@ -116,11 +122,16 @@ def select(*, now, control, sort, share, slots):
         run = queues[user].popleft()
         group = limits.group[user]
         fit = min(remaining, group_room.get(group, remaining))
-        if len(run) > fit:
-            if result.chosen or fit <= 0:
-                if fit <= 0:
-                    continue  # this user's group is full: the others go on
-                break  # a whole tape waits for its turn at the next cycle
+        # A policy that keeps tapes whole needs room for all the user's ready files on the
+        # tape, not only those its pool held (the pool may have been cut by the slots).
+        need = len(run)
+        if sort.whole_tapes:
+            need = max(need, result.tapes[run[0].tape].user_files.get(user, 0))
+        if need > fit:
+            if fit <= 0:
+                continue  # this user's group is full: the others go on
+            if result.chosen or need <= most_slots:
+                break  # a whole tape waits for its turn at a later cycle, when slots free up
             run = run[:fit]
         result.chosen.extend(run)
         result.allotments[user] = result.allotments.get(user, 0) + len(run)
