@@ -24,3 +24,8 @@ class QueueCeilingReached(CarouselError):
 class NotFound(CarouselError):
     status = 404
     code = "not_found"
+
+
+class NotPermitted(CarouselError):
+    status = 403
+    code = "forbidden"

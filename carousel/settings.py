@@ -184,6 +184,14 @@ CAROUSEL_DELIVERIES = {
 CAROUSEL_DELIVERY = os.environ.get("CAROUSEL_DELIVERY", "none")
 CAROUSEL_DELIVERY_OPTIONS = json.loads(os.environ.get("CAROUSEL_DELIVERY_OPTIONS") or "{}")
 
+# The WLCG Tape REST API door (api/tape_rest/): what discovery says, and its limits. Its
+# discovery `uri` and the Location of a new stage request start with CAROUSEL_SITE_URL when set.
+CAROUSEL_TAPE_REST_SITENAME = os.environ.get("CAROUSEL_TAPE_REST_SITENAME", "carousel")
+CAROUSEL_TAPE_REST_DESCRIPTION = os.environ.get("CAROUSEL_TAPE_REST_DESCRIPTION",
+                                                "Carousel tape-restore broker (WLCG Tape REST API v1)")
+CAROUSEL_TAPE_REST_MAX_FILES = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_FILES", "100000"))  # else 413
+CAROUSEL_TAPE_REST_MAX_UNFINISHED = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_UNFINISHED", "5000"))  # else 429
+
 # Limits of one submission.
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
 CAROUSEL_MAX_PATH_BYTES = 4096
