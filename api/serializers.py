@@ -24,6 +24,8 @@ class SubmitSerializer(StrictSerializer):
                                              help_text="How long the restored copy stays on disk: "
                                                        "ISO 8601 (PT1H) or seconds.")
     notify = serializers.BooleanField(default=False)
+    on_behalf_of = serializers.CharField(required=False, allow_blank=True, default="", max_length=150,
+                                         help_text="Service accounts only: the user the request is for.")
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):

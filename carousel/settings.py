@@ -107,6 +107,8 @@ CAROUSEL_SITE_URL = os.environ.get("CAROUSEL_SITE_URL", "")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # "Authorization: Bearer <WLCG JWT or API token>" (gfal2 sends BEARER_TOKEN so).
+        "api.auth.BearerAuthentication",
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
@@ -191,6 +193,15 @@ CAROUSEL_TAPE_REST_DESCRIPTION = os.environ.get("CAROUSEL_TAPE_REST_DESCRIPTION"
                                                 "Carousel tape-restore broker (WLCG Tape REST API v1)")
 CAROUSEL_TAPE_REST_MAX_FILES = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_FILES", "100000"))  # else 413
 CAROUSEL_TAPE_REST_MAX_UNFINISHED = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_UNFINISHED", "5000"))  # else 429
+
+# WLCG JWT issuers trusted here, as JSON: [{"issuer": "https://wlcg.example.org/",
+# "audiences": ["https://carousel.example.org"], "base_path": "/atlas", "name": "atlas"}].
+# Scopes are relative to base_path; name prefixes the user names made for its subjects.
+CAROUSEL_WLCG_ISSUERS = json.loads(os.environ.get("CAROUSEL_WLCG_ISSUERS") or "[]")
+CAROUSEL_WLCG_KEYS_REFRESH_S = float(os.environ.get("CAROUSEL_WLCG_KEYS_REFRESH_S", str(6 * 3600)))
+CAROUSEL_WLCG_KEYS_KEEP_S = float(os.environ.get("CAROUSEL_WLCG_KEYS_KEEP_S", str(2 * 86400)))
+CAROUSEL_WLCG_FETCH_GAP_S = float(os.environ.get("CAROUSEL_WLCG_FETCH_GAP_S", "60"))
+CAROUSEL_WLCG_FETCH_TIMEOUT_S = 10.0
 
 # Limits of one submission.
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
