@@ -37,6 +37,9 @@ services:
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	command -v runuser >/dev/null || missing="$$missing util-linux"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	for pkg in gfal2 gfal2-plugin-http gfal2-util-scripts python3-gfal2 wrk; do \
+	  dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; apt-get update -q && $(APT_INSTALL) $$missing; \
 	fi

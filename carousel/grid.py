@@ -115,9 +115,9 @@ def stage_submit(*, user, files: StageFiles, now, group=None):
     if unfinished_stage_requests(target, most) >= most:
         raise TooManyRequests(f"{target.username} has {most} unfinished stage requests, the most allowed: "
                               "wait for some to finish or cancel some")
+    lifetime = files.pin_lifetime or timedelta(seconds=settings.CAROUSEL_TAPE_REST_DISK_LIFETIME_S)
     return submission_create(submitter=user, on_behalf_of=files.on_behalf_of, paths=files.paths, now=now,
-                             group=group, metadata=files.metadata, activity=files.activity,
-                             pin_lifetime=files.pin_lifetime)
+                             group=group, metadata=files.metadata, activity=files.activity, pin_lifetime=lifetime)
 
 
 def stage_paths(bulk):

@@ -191,6 +191,9 @@ CAROUSEL_DELIVERY_OPTIONS = json.loads(os.environ.get("CAROUSEL_DELIVERY_OPTIONS
 CAROUSEL_TAPE_REST_SITENAME = os.environ.get("CAROUSEL_TAPE_REST_SITENAME", "carousel")
 CAROUSEL_TAPE_REST_DESCRIPTION = os.environ.get("CAROUSEL_TAPE_REST_DESCRIPTION",
                                                 "Carousel tape-restore broker (WLCG Tape REST API v1)")
+# How long a restored copy stays pinned when a stage request gives no diskLifetime (gfal2 never
+# does), in seconds.
+CAROUSEL_TAPE_REST_DISK_LIFETIME_S = int(os.environ.get("CAROUSEL_TAPE_REST_DISK_LIFETIME_S", "86400"))
 CAROUSEL_TAPE_REST_MAX_FILES = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_FILES", "100000"))  # else 413
 CAROUSEL_TAPE_REST_MAX_UNFINISHED = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_UNFINISHED", "5000"))  # else 429
 
