@@ -2,11 +2,13 @@
 onto what Carousel already is (a stage request is a submission, each file a restore request),
 and service accounts that submit for other users. The views in api/tape_rest/ only parse and
 render; the words of every refusal are written here."""
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
@@ -120,6 +122,29 @@ def stage_submit(*, user, files: StageFiles, now, group=None):
                              group=group, metadata=files.metadata, activity=files.activity, pin_lifetime=lifetime)
 
 
+def _status_key(bulk_id):
+    return f"tape-rest:stage:{bulk_id}"
+
+
+def stage_status_json(bulk):
+    """stage_status as JSON bytes, kept in the shared cache for CAROUSEL_TAPE_REST_POLL_CACHE_S:
+    FTS and gfal2 poll big requests from many clients, and one rendering of 10,000 files serves
+    them all for that long. The caller's own cancel and delete drop it at once."""
+    ttl = settings.CAROUSEL_TAPE_REST_POLL_CACHE_S
+    body = cache.get(_status_key(bulk.pk)) if ttl > 0 else None
+    if body is None:
+        body = json.dumps(stage_status(bulk), separators=(",", ":")).encode()
+        if ttl > 0:
+            cache.set(_status_key(bulk.pk), body, timeout=ttl)
+    return body
+
+
+def _forget_status(bulk_id):
+    # Now, and again once committed: a poll in between may have kept the old state.
+    cache.delete(_status_key(bulk_id))
+    transaction.on_commit(lambda: cache.delete(_status_key(bulk_id)))
+
+
 def stage_paths(bulk):
     return list(selectors.bulk_requests(bulk).values_list("path", flat=True))
 
@@ -188,6 +213,7 @@ def stage_cancel(*, bulk, paths, now):
     """POST stage/{id}/cancel: all the paths must be in the request, or nothing changes. Files
     already finished stay as they are. Returns the (job, path) pairs to withdraw."""
     requests, _ = _members(bulk, paths)
+    _forget_status(bulk.pk)
     return services.request_cancel(queryset=requests, now=now)[1]
 
 
@@ -197,6 +223,7 @@ def stage_delete(*, bulk, now):
     _, withdraw = services.request_cancel(queryset=selectors.bulk_requests(bulk), now=now,
                                           reason="stage request deleted")
     Bulk.objects.filter(pk=bulk.pk).delete()
+    _forget_status(bulk.pk)
     return withdraw
 
 

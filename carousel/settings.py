@@ -194,6 +194,8 @@ CAROUSEL_TAPE_REST_DESCRIPTION = os.environ.get("CAROUSEL_TAPE_REST_DESCRIPTION"
 # How long a restored copy stays pinned when a stage request gives no diskLifetime (gfal2 never
 # does), in seconds.
 CAROUSEL_TAPE_REST_DISK_LIFETIME_S = int(os.environ.get("CAROUSEL_TAPE_REST_DISK_LIFETIME_S", "86400"))
+# A stage request's status is rendered once per this many seconds however many clients poll it.
+CAROUSEL_TAPE_REST_POLL_CACHE_S = float(os.environ.get("CAROUSEL_TAPE_REST_POLL_CACHE_S", "2"))
 CAROUSEL_TAPE_REST_MAX_FILES = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_FILES", "100000"))  # else 413
 CAROUSEL_TAPE_REST_MAX_UNFINISHED = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_UNFINISHED", "5000"))  # else 429
 

@@ -4,6 +4,7 @@ import json
 import uuid
 
 from django.conf import settings
+from django.http import HttpResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_duration
 from drf_spectacular.utils import extend_schema
@@ -139,8 +140,10 @@ class StageDetail(TapeRestView):
     @extend_schema(request=None, responses=None, description="WLCG Tape REST v1: a stage request's state.")
     def get(self, request, request_id):
         bulk = self.stage_request(request, request_id)
-        self.require(request, "poll", grid.stage_paths(bulk))
-        return Response(grid.stage_status(bulk))
+        body = grid.stage_status_json(bulk)
+        if getattr(request.auth, "allows", None):
+            self.require(request, "poll", [f["path"] for f in json.loads(body)["files"]])
+        return HttpResponse(body, content_type="application/json")
 
     @extend_schema(request=None, responses=None, description="WLCG Tape REST v1: cancel and forget a request.")
     def delete(self, request, request_id):
