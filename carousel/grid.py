@@ -3,6 +3,7 @@ onto what Carousel already is (a stage request is a submission, each file a rest
 and service accounts that submit for other users. The views in api/tape_rest/ only parse and
 render; the words of every refusal are written here."""
 import json
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -126,17 +127,23 @@ def _status_key(bulk_id):
     return f"tape-rest:stage:{bulk_id}"
 
 
-def stage_status_json(bulk):
-    """stage_status as JSON bytes, kept in the shared cache for CAROUSEL_TAPE_REST_POLL_CACHE_S:
-    FTS and gfal2 poll big requests from many clients, and one rendering of 10,000 files serves
-    them all for that long. The caller's own cancel and delete drop it at once."""
+def stage_status_json(*, user, request_id):
+    """stage_status as JSON bytes for a caller who may see it (else None), kept in the shared
+    cache for CAROUSEL_TAPE_REST_POLL_CACHE_S with who may see it: FTS and gfal2 poll big
+    requests from many clients, and one rendering of 10,000 files (and one look-up of its
+    owner) serves them all for that long. The caller's own cancel and delete drop it at once."""
     ttl = settings.CAROUSEL_TAPE_REST_POLL_CACHE_S
-    body = cache.get(_status_key(bulk.pk)) if ttl > 0 else None
-    if body is None:
-        body = json.dumps(stage_status(bulk), separators=(",", ":")).encode()
+    request_id = uuid.UUID(str(request_id))
+    kept = cache.get(_status_key(request_id)) if ttl > 0 else None
+    if kept is None:
+        bulk = stage_requests_of(user).filter(pk=request_id).first()
+        if bulk is None:
+            return None
+        kept = (bulk.user_id, bulk.submitter_id, json.dumps(stage_status(bulk), separators=(",", ":")).encode())
         if ttl > 0:
-            cache.set(_status_key(bulk.pk), body, timeout=ttl)
-    return body
+            cache.set(_status_key(request_id), kept, timeout=ttl)
+    owner, submitter, body = kept
+    return body if user.pk in (owner, submitter) else None
 
 
 def _forget_status(bulk_id):

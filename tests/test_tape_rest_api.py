@@ -136,6 +136,7 @@ def test_unknown_id_is_404(as_alice, rid):
 
 def test_another_users_request_is_404(as_alice, bob):
     rid = stage(as_alice, ["/d/a"]).json()["requestId"]
+    assert poll(as_alice, rid.upper()).status_code == 200  # kept for later polls, with who may see it
     as_bob = client_for(bob)
     assert_problem(poll(as_bob, rid), 404)
     assert_problem(as_bob.post(f"{BASE}/stage/{rid}/cancel", {"paths": ["/d/a"]}, format="json"), 404)

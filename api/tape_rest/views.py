@@ -70,14 +70,18 @@ class TapeRestView(APIView):
         return data
 
     def stage_request(self, request, request_id):
-        try:
-            uuid.UUID(request_id)
-        except ValueError:
-            raise exceptions.NotFound(f"no stage request {request_id}")
+        self.valid_id(request_id)
         bulk = grid.stage_requests_of(request.user).filter(pk=request_id).select_related("user").first()
         if bulk is None:
             raise exceptions.NotFound(f"no stage request {request_id}")
         return bulk
+
+    @staticmethod
+    def valid_id(request_id):
+        try:
+            uuid.UUID(request_id)
+        except ValueError:
+            raise exceptions.NotFound(f"no stage request {request_id}")
 
     def require(self, request, action, paths):
         """A WLCG token's scopes must cover every path (403 before anything is stored)."""
@@ -139,8 +143,10 @@ class Stage(TapeRestView):
 class StageDetail(TapeRestView):
     @extend_schema(request=None, responses=None, description="WLCG Tape REST v1: a stage request's state.")
     def get(self, request, request_id):
-        bulk = self.stage_request(request, request_id)
-        body = grid.stage_status_json(bulk)
+        self.valid_id(request_id)
+        body = grid.stage_status_json(user=request.user, request_id=request_id)
+        if body is None:
+            raise exceptions.NotFound(f"no stage request {request_id}")
         if getattr(request.auth, "allows", None):
             self.require(request, "poll", [f["path"] for f in json.loads(body)["files"]])
         return HttpResponse(body, content_type="application/json")
