@@ -7,7 +7,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "carousel.settings")
 app = Celery("carousel")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-app.autodiscover_tasks(["carousel"], related_name="wlcg")  # the WLCG keys' refresh task
 
 
 @app.on_after_finalize.connect
@@ -18,6 +17,10 @@ def schedule_cycle(sender, **kwargs):
     # expires < tick: a tick that waited in the queue past the next one is dropped, not stacked.
     sender.add_periodic_task(tick, sender.signature("carousel.tasks.cycle_tick"), name="cycle tick",
                              expires=tick * 0.9)
-    # WLCG issuers' keys: the task refetches only sets older than CAROUSEL_WLCG_KEYS_REFRESH_S.
-    sender.add_periodic_task(600.0, sender.signature("carousel.wlcg.refresh_all_keys"), name="wlcg keys",
-                             expires=540.0)
+    if settings.CAROUSEL_WLCG_ISSUERS:
+        # WLCG issuers' keys: the task refetches only sets older than CAROUSEL_WLCG_KEYS_REFRESH_S.
+        # Imported only when issuers are trusted, so a worker without them starts no slower.
+        import carousel.wlcg  # noqa: F401 - registers the task
+
+        sender.add_periodic_task(600.0, sender.signature("carousel.wlcg.refresh_all_keys"), name="wlcg keys",
+                                 expires=540.0)
