@@ -54,6 +54,9 @@ services:
 	command -v xrootd >/dev/null || missing="$$missing xrootd-server"; \
 	command -v xrdfs >/dev/null || missing="$$missing xrootd-client"; \
 	ls /usr/lib/*/libXrdOfsPrepGPI-5.so >/dev/null 2>&1 || missing="$$missing xrootd-server-plugins"; \
+	for pkg in gfal2 gfal2-plugin-http gfal2-util-scripts python3-gfal2 wrk; do \
+	  dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; apt-get update -q && $(APT_INSTALL) $$missing; \
 	fi

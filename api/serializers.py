@@ -44,6 +44,8 @@ class SubmitSerializer(StrictSerializer):
     notify = serializers.BooleanField(default=False)
     label = serializers.CharField(max_length=255, required=False, allow_blank=True, default="",
                                   help_text="Your own name for the submission (list bulks with ?label=).")
+    on_behalf_of = serializers.CharField(required=False, allow_blank=True, default="", max_length=150,
+                                         help_text="Service accounts only: the user the request is for.")
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
-from carousel import selectors, services
+from carousel import grid, selectors, services
 from carousel.tasks import withdraw_on_commit
 
 from . import serializers as s
@@ -63,7 +63,12 @@ class RequestListCreate(generics.ListAPIView):
     def post(self, request):
         form = s.SubmitSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        result = services.restore_submit(user=request.user, now=timezone.now(), **form.validated_data)
+        allows = getattr(request.auth, "allows", None)  # a WLCG token's scopes
+        if allows and isinstance(form.validated_data["paths"], list) and not all(
+                allows("stage", p) for p in form.validated_data["paths"]):
+            raise exceptions.PermissionDenied("the token's scopes do not allow staging all of these paths")
+        result = grid.submission_create(submitter=request.user, now=timezone.now(),
+                                        group=getattr(request.auth, "group", None), **form.validated_data)
         body = {"bulk_id": result.bulk.id, "files": result.files, "created": result.created,
                 "existing": result.existing, "shared": result.shared,
                 "url": reverse("api:bulk-detail", args=[result.bulk.id], request=request)}

@@ -236,7 +236,7 @@ class FileLocationAdmin(admin.ModelAdmin):
 class BulkAdmin(admin.ModelAdmin):
     list_display = ["id", "user", "created_at", "files", "created"]
     search_fields = ["id", "user__username"]
-    raw_id_fields = ["user"]
+    raw_id_fields = ["user", "submitter"]
 
 
 @admin.register(Job)
@@ -283,3 +283,19 @@ class TransitionAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+from .models import WlcgGroupMap, WlcgIdentity  # noqa: E402 - the grid door's tables (issue 10)
+
+
+@admin.register(WlcgGroupMap)
+class WlcgGroupMapAdmin(admin.ModelAdmin):
+    list_display = ["wlcg_group", "issuer", "group"]
+    search_fields = ["wlcg_group", "issuer", "group__name"]
+
+
+@admin.register(WlcgIdentity)
+class WlcgIdentityAdmin(admin.ModelAdmin):
+    list_display = ["subject", "issuer", "user", "created_at"]
+    search_fields = ["subject", "issuer", "user__username"]
+    raw_id_fields = ["user"]

@@ -21,6 +21,13 @@ def schedule_cycle(sender, **kwargs):
     every = settings.CAROUSEL_RETENTION_EVERY_S
     sender.add_periodic_task(every, sender.signature("carousel.retention.prune_history"), name="prune history",
                              expires=every * 0.9)
+    if settings.CAROUSEL_WLCG_ISSUERS:
+        # WLCG issuers' keys: the task refetches only sets older than CAROUSEL_WLCG_KEYS_REFRESH_S.
+        # Imported only when issuers are trusted, so a worker without them starts no slower.
+        import carousel.wlcg  # noqa: F401 - registers the task
+
+        sender.add_periodic_task(600.0, sender.signature("carousel.wlcg.refresh_all_keys"), name="wlcg keys",
+                                 expires=540.0)
 
 
 @signals.setup_logging.connect

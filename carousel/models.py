@@ -255,6 +255,10 @@ class Account(models.Model):
                                                help_text="Most requests in flight at once (empty: default).")
     queued_ceiling = models.PositiveIntegerField(null=True, blank=True,
                                                  help_text="Most active requests at once (empty: default).")
+    acts_for_others = models.BooleanField(
+        "service account", default=False,
+        help_text="May name the user a submission is for (on_behalf_of): XRootD hooks, FTS-like services. "
+                  "The request then counts against that user's caps and shares.")
 
     def __str__(self):
         return f"limits of {self.user}"
@@ -360,6 +364,13 @@ class Bulk(models.Model):
     # The client's own name for the submission: XRootD's prepare request id, so that a later
     # query or cancel with that id finds it.
     label = models.CharField(max_length=255, blank=True, default="")
+    # The service account that submitted it for `user` (on_behalf_of); it may follow it too.
+    submitter = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                  related_name="+", db_index=False)
+    # The Tape REST door's targetedMetadata as sent (Rucio's "default" and this site's key), and
+    # the activity named there, kept for reports.
+    metadata = models.JSONField(default=dict, blank=True)
+    activity = models.CharField(max_length=128, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["user", "-created_at"]),
@@ -733,3 +744,35 @@ class CycleBucket(models.Model):
     le = models.FloatField(unique=True)
     count = models.BigIntegerField(default=0)
     sum_s = models.FloatField(default=0.0, help_text="On the infinite bucket only: the durations' sum.")
+class WlcgIdentity(models.Model):
+    """A WLCG token's subject at its issuer, and the Carousel user it is (made on first use)."""
+
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="wlcg_identity")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "WLCG identity"
+        verbose_name_plural = "WLCG identities"
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="wlcgidentity_issuer_subject")]
+
+    def __str__(self):
+        return f"{self.subject} at {self.issuer}"
+
+
+class WlcgGroupMap(models.Model):
+    """Which Carousel group a token's `wlcg.groups` entry stands for. Tokens without capability
+    scopes are authorised through these groups (and the path-authorisation plugin's table of
+    what each group may restore); a token's first mapped group is the one its work is accounted to."""
+
+    issuer = models.CharField(max_length=255, blank=True, help_text="Empty: any trusted issuer.")
+    wlcg_group = models.CharField("wlcg.groups entry", max_length=255, help_text="e.g. /atlas/production")
+    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="wlcg_groups")
+
+    class Meta:
+        verbose_name = "WLCG group mapping"
+        constraints = [models.UniqueConstraint(fields=["issuer", "wlcg_group"], name="wlcggroupmap_unique")]
+
+    def __str__(self):
+        return f"{self.wlcg_group} -> {self.group}"

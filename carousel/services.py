@@ -58,9 +58,11 @@ class SubmitResult:
 
 
 def restore_submit(*, user, paths, now, priority=0, destination="", deadline=None, pin_lifetime=None,
-                   notify=False, label=""):
+                   notify=False, label="", group=None):
     """Accept a whole submission or refuse it whole. Paths already active for this user give
-    back the existing request; paths another user is already staging join that stage."""
+    back the existing request; paths another user is already staging join that stage. `group`:
+    the share the requests draw on when the submitter names one (a service's token), else the
+    account's group."""
     clean, errors = validate_paths(paths, max_count=settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION,
                                    max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
     if errors:
@@ -108,7 +110,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
                     f"you have {active_now} active requests and this submission adds {len(new)}; "
                     f"your ceiling is {ceiling}. Wait for some to finish or cancel some, then submit again.")
 
-        group = account.group or user.groups.order_by("id").first()
+        group = group or account.group or user.groups.order_by("id").first()
         bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify,
                                    label=label)
         columns = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "destination", "deadline",

@@ -130,6 +130,8 @@ CAROUSEL_SITE_URL = os.environ.get("CAROUSEL_SITE_URL", "")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # "Authorization: Bearer <WLCG JWT or API token>" (gfal2 sends BEARER_TOKEN so).
+        "api.auth.BearerAuthentication",
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
@@ -239,6 +241,27 @@ CAROUSEL_PATH_AUTHORIZATION = os.environ.get("CAROUSEL_PATH_AUTHORIZATION", "all
 # Where restored files may be delivered, for everyone (colon-separated absolute paths); groups
 # get more in the admin. Empty, and no group roots: destinations are refused.
 CAROUSEL_DESTINATION_ROOTS = [p for p in os.environ.get("CAROUSEL_DESTINATION_ROOTS", "").split(":") if p]
+# The WLCG Tape REST API door (api/tape_rest/): what discovery says, and its limits. Its
+# discovery `uri` and the Location of a new stage request start with CAROUSEL_SITE_URL when set.
+CAROUSEL_TAPE_REST_SITENAME = os.environ.get("CAROUSEL_TAPE_REST_SITENAME", "carousel")
+CAROUSEL_TAPE_REST_DESCRIPTION = os.environ.get("CAROUSEL_TAPE_REST_DESCRIPTION",
+                                                "Carousel tape-restore broker (WLCG Tape REST API v1)")
+# How long a restored copy stays pinned when a stage request gives no diskLifetime (gfal2 never
+# does), in seconds.
+CAROUSEL_TAPE_REST_DISK_LIFETIME_S = int(os.environ.get("CAROUSEL_TAPE_REST_DISK_LIFETIME_S", "86400"))
+# A stage request's status is rendered once per this many seconds however many clients poll it.
+CAROUSEL_TAPE_REST_POLL_CACHE_S = float(os.environ.get("CAROUSEL_TAPE_REST_POLL_CACHE_S", "2"))
+CAROUSEL_TAPE_REST_MAX_FILES = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_FILES", "100000"))  # else 413
+CAROUSEL_TAPE_REST_MAX_UNFINISHED = int(os.environ.get("CAROUSEL_TAPE_REST_MAX_UNFINISHED", "5000"))  # else 429
+
+# WLCG JWT issuers trusted here, as JSON: [{"issuer": "https://wlcg.example.org/",
+# "audiences": ["https://carousel.example.org"], "base_path": "/atlas", "name": "atlas"}].
+# Scopes are relative to base_path; name prefixes the user names made for its subjects.
+CAROUSEL_WLCG_ISSUERS = json.loads(os.environ.get("CAROUSEL_WLCG_ISSUERS") or "[]")
+CAROUSEL_WLCG_KEYS_REFRESH_S = float(os.environ.get("CAROUSEL_WLCG_KEYS_REFRESH_S", str(6 * 3600)))
+CAROUSEL_WLCG_KEYS_KEEP_S = float(os.environ.get("CAROUSEL_WLCG_KEYS_KEEP_S", str(2 * 86400)))
+CAROUSEL_WLCG_FETCH_GAP_S = float(os.environ.get("CAROUSEL_WLCG_FETCH_GAP_S", "60"))
+CAROUSEL_WLCG_FETCH_TIMEOUT_S = 10.0
 
 # Limits of one submission.
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))

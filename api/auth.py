@@ -1,0 +1,31 @@
+"""`Authorization: Bearer <value>`: a WLCG JWT from a trusted issuer (carousel.wlcg), or else
+one of Carousel's own API tokens, since gfal2 sends BEARER_TOKEN with that keyword. No
+ready-made DRF class checks an external issuer's tokens offline (see interfaces.md)."""
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+
+from carousel import wlcg
+
+
+class BearerAuthentication(TokenAuthentication):
+    keyword = "Bearer"
+
+    def authenticate_credentials(self, key):
+        if wlcg.looks_like_jwt(key):
+            try:
+                return wlcg.authenticate(key)
+            except wlcg.InvalidToken as exc:
+                raise AuthenticationFailed(str(exc)) from exc
+        return super().authenticate_credentials(key)
+
+
+class BearerScheme(OpenApiAuthenticationExtension):
+    """How the schema shows BearerAuthentication (beside DRF's `Token` scheme)."""
+
+    target_class = "api.auth.BearerAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer",
+                "description": "A WLCG JWT from a trusted issuer, or a Carousel API token"}

@@ -1,0 +1,304 @@
+"""The grid door's services and selectors: stage requests of the WLCG Tape REST API v1 mapped
+onto what Carousel already is (a stage request is a submission, each file a restore request),
+and service accounts that submit for other users. The views in api/tape_rest/ only parse and
+render; the words of every refusal are written here."""
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.cache import cache
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+
+from . import db, selectors, services
+from .exceptions import CarouselError, InvalidSubmission, NotAllowed
+from .models import (
+    ACTIVE_STATES, Account, Bulk, ErrorClass, FileLocation, RequestState, RestoreRequest, path_key,
+)
+from .paths import check_path
+
+S = RequestState
+
+# Carousel's states as the Tape REST API names them. Handed to the stager (in a job), staging,
+# waiting to retry after a transient failure, or being delivered: the tape side has started.
+TAPE_REST_STATE = {
+    S.QUEUED: "SUBMITTED",
+    S.SUBMITTED: "STARTED",
+    S.STAGING: "STARTED",
+    S.RETRY: "STARTED",
+    S.DELIVERING: "STARTED",
+    S.DONE: "COMPLETED",
+    S.FAILED: "FAILED",
+    S.CANCELLED: "CANCELLED",
+    S.EXPIRED: "FAILED",
+}
+TERMINAL_TAPE_STATES = {"COMPLETED", "FAILED", "CANCELLED"}
+
+
+class TooLarge(CarouselError):
+    status = 413
+    code = "too_many_files"
+
+
+class TooManyRequests(CarouselError):
+    status = 429
+    code = "too_many_requests"
+
+
+def _seconds(moment):
+    return int(moment.timestamp()) if moment else None
+
+
+# --- service accounts --------------------------------------------------------------------------
+
+def acting_user(*, user, on_behalf_of):
+    """The user a submission is for: the caller, or the one a service account names."""
+    if not on_behalf_of:
+        return user
+    if not Account.objects.filter(user=user, acts_for_others=True).exists():
+        raise NotAllowed(f"{user.username} is not a service account: only accounts an operator marks as acting "
+                           "for others may submit on_behalf_of another user")
+    target = get_user_model().objects.filter(username=on_behalf_of, is_active=True).first()
+    if target is None:
+        raise InvalidSubmission(f"on_behalf_of: no active user named {on_behalf_of!r}")
+    return target
+
+
+@transaction.atomic
+def submission_create(*, submitter, on_behalf_of=None, paths, now, group=None, metadata=None, activity="",
+                      **options):
+    """A submission through either door: restore_submit for the user it is for, remembering the
+    service account that sent it and what the grid said of it (one transaction)."""
+    user = acting_user(user=submitter, on_behalf_of=on_behalf_of)
+    result = services.restore_submit(user=user, paths=paths, now=now, group=group, **options)
+    extra = {}
+    if user.pk != submitter.pk:
+        extra["submitter"] = submitter
+    if metadata:
+        extra["metadata"] = metadata
+    if activity:
+        extra["activity"] = activity[:128]
+    if extra:
+        Bulk.objects.filter(pk=result.bulk.pk).update(**extra)
+    return result
+
+
+# --- stage requests ----------------------------------------------------------------------------
+
+def stage_requests_of(user):
+    """The stage requests a caller may poll and act on: its own, and those it submitted for others."""
+    return Bulk.objects.filter(Q(user=user) | Q(submitter=user))
+
+
+def unfinished_stage_requests(user, limit):
+    """How many of the user's submissions still have active files, counted up to `limit`."""
+    created = RestoreRequest.objects.filter(bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
+    asked_again = RestoreRequest.objects.filter(bulk_items__bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
+    return (Bulk.objects.filter(user=user).filter(Q(Exists(created)) | Q(Exists(asked_again)))
+            .values("pk")[:limit].count())
+
+
+@dataclass(frozen=True)
+class StageFiles:
+    paths: list  # as sent, in order (the service normalises and collapses them)
+    pin_lifetime: timedelta | None
+    metadata: dict  # targetedMetadata kept: Rucio's "default" and this site's key
+    activity: str
+    on_behalf_of: str
+
+
+def stage_submit(*, user, files: StageFiles, now, group=None):
+    """POST stage: one submission for the files; N files mean the same as N stages of one."""
+    limit = settings.CAROUSEL_TAPE_REST_MAX_FILES
+    if len(files.paths) > limit:
+        raise TooLarge(f"{len(files.paths)} files in one stage request; the limit is {limit}: split it")
+    target = acting_user(user=user, on_behalf_of=files.on_behalf_of)
+    most = settings.CAROUSEL_TAPE_REST_MAX_UNFINISHED
+    if unfinished_stage_requests(target, most) >= most:
+        raise TooManyRequests(f"{target.username} has {most} unfinished stage requests, the most allowed: "
+                              "wait for some to finish or cancel some")
+    lifetime = files.pin_lifetime or timedelta(seconds=settings.CAROUSEL_TAPE_REST_DISK_LIFETIME_S)
+    return submission_create(submitter=user, on_behalf_of=files.on_behalf_of, paths=files.paths, now=now,
+                             group=group, metadata=files.metadata, activity=files.activity, pin_lifetime=lifetime)
+
+
+def _status_key(bulk_id):
+    return f"tape-rest:stage:{bulk_id}"
+
+
+def stage_status_json(*, user, request_id):
+    """stage_status as JSON bytes for a caller who may see it (else None), kept in the shared
+    cache for CAROUSEL_TAPE_REST_POLL_CACHE_S with who may see it: FTS and gfal2 poll big
+    requests from many clients, and one rendering of 10,000 files (and one look-up of its
+    owner) serves them all for that long. The caller's own cancel and delete drop it at once."""
+    ttl = settings.CAROUSEL_TAPE_REST_POLL_CACHE_S
+    request_id = uuid.UUID(str(request_id))
+    kept = cache.get(_status_key(request_id)) if ttl > 0 else None
+    if kept is None:
+        bulk = stage_requests_of(user).filter(pk=request_id).first()
+        if bulk is None:
+            return None
+        kept = (bulk.user_id, bulk.submitter_id, json.dumps(stage_status(bulk), separators=(",", ":")).encode())
+        if ttl > 0:
+            cache.set(_status_key(request_id), kept, timeout=ttl)
+    owner, submitter, body = kept
+    return body if user.pk in (owner, submitter) else None
+
+
+def _forget_status(bulk_id):
+    # Now, and again once committed: a poll in between may have kept the old state.
+    cache.delete(_status_key(bulk_id))
+    transaction.on_commit(lambda: cache.delete(_status_key(bulk_id)))
+
+
+def stage_paths(bulk):
+    return list(selectors.bulk_requests(bulk).values_list("path", flat=True))
+
+
+def stage_status(bulk):
+    """GET stage/{id}: the request and every file, in the API's words."""
+    rows = (selectors.bulk_requests(bulk).order_by("id")
+            .values_list("path", "state", "submitted_at", "started_at", "finished_at", "last_error"))
+    files = []
+    first_start = None
+    last_finish = None
+    unfinished = False
+    for path, state, submitted_at, started_at, finished_at, last_error in rows:
+        tape_state = TAPE_REST_STATE[state]
+        entry = {"path": path, "state": tape_state}
+        began = submitted_at or started_at
+        if tape_state == "STARTED" or (tape_state in TERMINAL_TAPE_STATES and began):
+            entry["startedAt"] = _seconds(began or finished_at)
+        if tape_state in TERMINAL_TAPE_STATES:
+            entry["finishedAt"] = _seconds(finished_at)
+            last_finish = max(last_finish or finished_at, finished_at)
+        else:
+            unfinished = True
+        if tape_state == "FAILED":
+            entry["error"] = last_error or ("deadline passed before the file was restored" if state == S.EXPIRED
+                                            else "the file could not be restored")
+        if began:
+            first_start = min(first_start or began, began)
+        files.append(entry)
+    body = {"id": str(bulk.id), "createdAt": _seconds(bulk.created_at),
+            # Carousel takes a request in hand as it arrives: queued is already started.
+            "startedAt": _seconds(first_start or bulk.created_at)}
+    if files and not unfinished:
+        body["completedAt"] = _seconds(last_finish)
+    body["files"] = files
+    return body
+
+
+def normalised(paths, what="paths"):
+    """[(path as sent, normalised path)] of a cancel, release or archiveinfo body; a bad entry
+    refuses the whole call."""
+    if not isinstance(paths, list) or not paths:
+        raise InvalidSubmission(f'{what}: expected a non-empty list of paths, such as {{"{what}": ["/a/b"]}}')
+    out = []
+    for index, raw in enumerate(paths):
+        path, message = check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
+        if message:
+            raise InvalidSubmission(f"{what}[{index}]: {message}")
+        out.append((raw, path))
+    return out
+
+
+def _members(bulk, paths):
+    """The requests of `bulk` for these paths; any path not in it refuses the call."""
+    wanted = {path_key(p): p for _, p in normalised(paths)}
+    found = dict(selectors.bulk_requests(bulk).filter(db.in_keys("path_key", wanted)).values_list("path_key", "id"))
+    foreign = [p for k, p in wanted.items() if k not in found]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise InvalidSubmission(f"{len(foreign)} path(s) are not in stage request {bulk.id}: {shown}; "
+                                "nothing was changed")
+    return RestoreRequest.objects.filter(id__in=list(found.values())), list(wanted.values())
+
+
+def stage_cancel(*, bulk, paths, now):
+    """POST stage/{id}/cancel: all the paths must be in the request, or nothing changes. Files
+    already finished stay as they are. Returns the (job, path) pairs to withdraw."""
+    requests, _ = _members(bulk, paths)
+    _forget_status(bulk.pk)
+    return services.request_cancel(queryset=requests, now=now)[1]
+
+
+@transaction.atomic
+def stage_delete(*, bulk, now):
+    """DELETE stage/{id}: its unfinished files are cancelled and the request is forgotten."""
+    _, withdraw = services.request_cancel(queryset=selectors.bulk_requests(bulk), now=now,
+                                          reason="stage request deleted")
+    Bulk.objects.filter(pk=bulk.pk).delete()
+    _forget_status(bulk.pk)
+    return withdraw
+
+
+def stage_release(*, user, bulk, paths, now):
+    """POST release/{id}: the pins of these paths end (release/gfal2-placeholder-id: bulk None,
+    by path for the caller)."""
+    from . import pins  # carousel/pins.py: the real pins (helper c)
+
+    if bulk is None:
+        return pins.release_pins(user=user, paths=[p for _, p in normalised(paths)], now=now)
+    _, clean = _members(bulk, paths)
+    return pins.release_pins(user=bulk.user, paths=clean, now=now)
+
+
+# --- archiveinfo ---------------------------------------------------------------------------------
+
+def archive_info(*, paths, now, stager=None):
+    """POST archiveinfo: locality from what Carousel knows (TAPE; DISK_AND_TAPE while a
+    restored copy is pinned; an error for a file the stager said does not exist). Only paths
+    never seen are asked of the stager, in one batch; what it finds is recorded."""
+    if not isinstance(paths, list) or not paths:
+        raise InvalidSubmission('paths: expected a non-empty list of paths, such as {"paths": ["/a/b"]}')
+    answers = []
+    keys = {}
+    for raw in paths:
+        path, message = check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
+        if message:
+            answers.append({"path": raw if isinstance(raw, str) else repr(raw), "error": message})
+        else:
+            answers.append({"path": path})
+            keys[path_key(path)] = path
+    located = set(FileLocation.objects.filter(db.in_keys("path_key", keys)).values_list("path_key", flat=True))
+    # Pinned: done, and its pin (carousel/pins.py) neither ran out nor was released.
+    pinned = set(RestoreRequest.objects.filter(db.in_keys("path_key", keys), state=S.DONE, pin_until__gt=now)
+                 .values_list("path_key", flat=True))
+    missing = dict(RestoreRequest.objects.filter(db.in_keys("path_key", set(keys) - located), state=S.FAILED,
+                                                 error_class=ErrorClass.PERMANENT)
+                   .values_list("path_key", "last_error"))
+    never_seen = sorted(p for k, p in keys.items() if k not in located and k not in missing)
+    asked = _ask_stager(never_seen, now=now, stager=stager) if never_seen else {}
+    for entry in answers:
+        if "error" in entry:
+            continue
+        key = path_key(entry["path"])
+        if key in located:
+            entry["locality"] = "DISK_AND_TAPE" if key in pinned else "TAPE"
+        elif key in missing:
+            entry["error"] = missing[key] or "no such file"
+        else:
+            entry.update(asked.get(entry["path"], {"error": "the tape system did not answer for this file"}))
+    return answers
+
+
+def _ask_stager(paths, *, now, stager):
+    from .locating import _record_locations as record_locations  # the loop's own way to keep a location
+    from .plugins import stager as configured
+    from .stagers.base import StagerUnavailable
+
+    try:
+        results = (stager or configured()).locate(paths)
+    except StagerUnavailable as exc:
+        return {p: {"error": f"the tape system could not be asked ({exc}); ask again later"} for p in paths}
+    found = [r for r in results if hasattr(r, "tape")]
+    record_locations(found, now=now)
+    out = {r.path: {"locality": "TAPE"} for r in found}
+    for r in results:
+        if not hasattr(r, "tape"):
+            out[r.path] = {"error": r.message or "no such file"}
+    return out

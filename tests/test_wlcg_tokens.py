@@ -1,0 +1,191 @@
+"""Grid identities: WLCG JWTs from a trusted issuer on loopback, API tokens with the Bearer
+keyword, and service accounts acting for users."""
+import time
+
+import pytest
+from django.contrib.auth.models import Group
+from django.core.cache import cache
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from carousel import wlcg
+from carousel.models import Account, Bulk, RestoreRequest, WlcgGroupMap, WlcgIdentity
+from tests.conftest import client_for
+from tests.fakes.wlcg_issuer import Issuer
+
+BASE = "/api/tape-rest/v1"
+AUD = "https://carousel.test"
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def issuer(settings):
+    cache.clear()
+    with Issuer() as iss:
+        settings.CAROUSEL_WLCG_ISSUERS = [{"issuer": iss.url, "audiences": [AUD], "base_path": "/atlas",
+                                           "name": "atlas"}]
+        yield iss
+    cache.clear()
+
+
+def bearer(token):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def stage(client, *paths):
+    return client.post(f"{BASE}/stage/", {"files": [{"path": p} for p in paths]}, format="json")
+
+
+@pytest.mark.parametrize("kid", ["rsa-1", "ec-1"])
+def test_a_good_token_stages_as_its_subject_made_on_first_use(issuer, kid):
+    client = bearer(issuer.mint(sub="u-123", kid=kid, scope="storage.stage:/data"))
+    r = stage(client, "/atlas/data/f1", "/atlas/data/sub/f2")
+    assert r.status_code == 201, r.content
+    identity = WlcgIdentity.objects.get(issuer=issuer.url, subject="u-123")
+    assert identity.user.username == "atlas:u-123"
+    assert set(RestoreRequest.objects.values_list("user", flat=True)) == {identity.user.pk}
+    rid = r.json()["requestId"]
+    assert client.get(f"{BASE}/stage/{rid}").status_code == 200
+    # the same subject again: the same user
+    assert stage(bearer(issuer.mint(sub="u-123", scope="storage.stage:/")), "/atlas/x").status_code == 201
+    assert WlcgIdentity.objects.count() == 1
+
+
+@pytest.mark.parametrize("case", ["expired", "wrong audience", "wrong issuer", "tampered", "bad version",
+                                  "scope without path", "unknown kid", "hmac"])
+def test_bad_tokens_are_401_and_nothing_stored(issuer, case):
+    token = {
+        "expired": lambda: issuer.mint(exp_in=-120),
+        "wrong audience": lambda: issuer.mint(aud="https://elsewhere.test"),
+        "wrong issuer": lambda: issuer.mint(iss="https://other-issuer.test/"),
+        "tampered": lambda: _tamper(issuer.mint()),
+        "bad version": lambda: issuer.mint(ver="2.0"),
+        "scope without path": lambda: issuer.mint(scope="storage.stage"),
+        "unknown kid": lambda: issuer.mint(kid="forged"),
+        "hmac": lambda: _hmac(issuer),
+    }[case]()
+    r = stage(bearer(token), "/atlas/data/f")
+    assert r.status_code == 401, r.content
+    assert r["Content-Type"].startswith("application/problem+json")
+    assert not RestoreRequest.objects.exists() and not WlcgIdentity.objects.exists()
+
+
+def _tamper(token):
+    import base64
+    import json
+    head, payload, sig = token.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=="))
+    claims["sub"] = "root"
+    forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    return f"{head}.{forged}.{sig}"
+
+
+def _hmac(issuer):
+    import jwt as pyjwt
+    return pyjwt.encode({"iss": issuer.url, "sub": "x", "aud": AUD, "exp": int(time.time()) + 60,
+                         "wlcg.ver": "1.0", "scope": "storage.stage:/"}, "a-shared-secret-that-is-long-enough-for-hs256", algorithm="HS256",
+                        headers={"kid": "rsa-1"})
+
+
+def test_any_audience_is_accepted(issuer):
+    assert stage(bearer(issuer.mint(aud=wlcg.ANY_AUDIENCE)), "/atlas/f").status_code == 201
+
+
+def test_scopes_are_relative_to_the_base_path_and_match_whole_components(issuer):
+    client = bearer(issuer.mint(scope="storage.stage:/data"))
+    assert stage(client, "/atlas/database/f").status_code == 403  # not /data
+    assert stage(client, "/data/f").status_code == 403  # another VO's tree
+    assert stage(client, "/atlas/data/f", "/atlas/mc/f").status_code == 403  # one outside: all refused
+    assert not RestoreRequest.objects.exists()
+    assert stage(client, "/atlas/data/f").status_code == 201
+
+
+def test_poll_scope_polls_and_asks_archiveinfo_but_does_not_stage(issuer):
+    stager = bearer(issuer.mint(sub="fts", scope="storage.stage:/"))
+    rid = stage(stager, "/atlas/data/f").json()["requestId"]
+    poller = bearer(issuer.mint(sub="fts", scope="storage.poll:/data"))
+    assert poller.get(f"{BASE}/stage/{rid}").status_code == 200
+    r = poller.post(f"{BASE}/archiveinfo", {"paths": ["/atlas/data/zzz"]}, format="json")
+    assert r.status_code == 200
+    assert stage(poller, "/atlas/data/g").status_code == 403
+    assert poller.post(f"{BASE}/stage/{rid}/cancel", {"paths": ["/atlas/data/f"]}, format="json").status_code == 403
+    assert RestoreRequest.objects.get().state == "queued"
+    assert bearer(issuer.mint(sub="fts", scope="storage.poll:/mc")).get(f"{BASE}/stage/{rid}").status_code == 403
+
+
+def test_missing_stage_scope_is_403(issuer):
+    client = bearer(issuer.mint(scope="storage.read:/"))
+    assert stage(client, "/atlas/f").status_code == 403
+    assert not RestoreRequest.objects.exists()
+
+
+def test_tokens_without_capability_scopes_are_authorised_by_mapped_groups(issuer):
+    prod = Group.objects.create(name="atlas-production")
+    WlcgGroupMap.objects.create(wlcg_group="/atlas/production", group=prod)
+    token = issuer.mint(sub="svc", scope=None, groups=["/atlas", "/atlas/production"])
+    r = stage(bearer(token), "/atlas/data/f")
+    assert r.status_code == 201, r.content
+    user = WlcgIdentity.objects.get(subject="svc").user
+    assert list(user.groups.all()) == [prod]
+    # accounted to the group the token names
+    assert RestoreRequest.objects.get().group == prod
+    # a group the token no longer names is taken away
+    stage(bearer(issuer.mint(sub="svc", scope=None, groups=["/atlas"])), "/atlas/data/g")
+    assert not user.groups.exists()
+    # the operator's group for the account wins over the token's
+    ops = Group.objects.create(name="ops")
+    Account.objects.update_or_create(user=user, defaults={"group": ops})
+    stage(bearer(issuer.mint(sub="svc", scope=None, groups=["/atlas/production"])), "/atlas/data/h")
+    assert RestoreRequest.objects.get(path="/atlas/data/h").group == ops
+
+
+def test_keys_are_cached_and_an_unknown_kid_does_not_refetch_every_time(issuer):
+    assert stage(bearer(issuer.mint(sub="a")), "/atlas/f1").status_code == 201
+    assert stage(bearer(issuer.mint(sub="a")), "/atlas/f2").status_code == 201
+    assert issuer.fetches == 1
+    for _ in range(5):
+        assert stage(bearer(issuer.mint(kid="forged")), "/atlas/f3").status_code == 401
+    assert issuer.fetches == 1  # within the fetch gap the forged kid asks the issuer nothing more
+
+
+def test_keys_survive_an_issuer_outage(issuer, settings):
+    assert stage(bearer(issuer.mint()), "/atlas/f1").status_code == 201
+    issuer.down = True
+    settings.CAROUSEL_WLCG_KEYS_REFRESH_S = 0  # due for refresh: the refresh fails, the old set stays
+    settings.CAROUSEL_WLCG_FETCH_GAP_S = 0
+    cache.delete(wlcg._cache_key(issuer.url) + ":fetching")
+    wlcg.refresh_all_keys()
+    assert stage(bearer(issuer.mint()), "/atlas/f2").status_code == 201
+
+
+def test_scheduled_refresh_fetches_only_stale_sets(issuer, settings):
+    wlcg.refresh_all_keys()
+    assert issuer.fetches == 1
+    wlcg.refresh_all_keys()
+    assert issuer.fetches == 1
+    settings.CAROUSEL_WLCG_KEYS_REFRESH_S = 0
+    wlcg.refresh_all_keys()
+    assert issuer.fetches == 2
+
+
+def test_api_tokens_work_with_the_bearer_keyword(alice):
+    key = Token.objects.create(user=alice).key
+    client = bearer(key)
+    assert stage(client, "/d/a").status_code == 201
+    assert client.get("/api/v1/summary/").status_code == 200
+    assert bearer("not-a-token").get("/api/v1/summary/").status_code == 401
+
+
+def test_native_on_behalf_of_only_from_service_accounts(alice, bob):
+    Account.objects.filter(user=bob).update(acts_for_others=True)
+    r = client_for(bob).post("/api/v1/requests/", {"paths": ["/d/a"], "on_behalf_of": "alice"}, format="json")
+    assert r.status_code == 201, r.content
+    assert RestoreRequest.objects.get().user == alice
+    assert Bulk.objects.get().submitter == bob
+    r = client_for(alice).post("/api/v1/requests/", {"paths": ["/d/b"], "on_behalf_of": "bob"}, format="json")
+    assert r.status_code == 403 and "service account" in r.json()["detail"]
+    r = client_for(bob).post("/api/v1/requests/", {"paths": ["/d/c"], "on_behalf_of": "nobody"}, format="json")
+    assert r.status_code == 400
+    assert RestoreRequest.objects.count() == 1
