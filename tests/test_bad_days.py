@@ -245,10 +245,11 @@ def test_a_job_past_its_deadline_is_asked_once_more_then_given_up_and_frees_its_
     assert stager.polls > polls
     assert Job.objects.get(id=first.id).state == "failed"
     assert [p for _, paths in stager.cancelled for p in paths] == sorted(stuck)
-    # The chain goes on: the next tape's job is sent, and the stuck files are queued again with
-    # their first attempt counted (sent again, they are on their second).
-    assert set(stager.submitted[1].paths) == {"/next/c"} or any(
-        set(j.paths) == {"/next/c"} for j in stager.submitted[1:])
+    # The chain goes on: the drive gets its next mount in the same cycle (whichever tape the plan
+    # puts first: the stuck files are queued again with their first attempt counted, and sent
+    # again they are on their second), and /next/c is still on its way.
+    assert len(stager.submitted) >= 2
+    assert RestoreRequest.objects.get(path="/next/c").state in ("queued", "submitted")
     for req in RestoreRequest.objects.filter(path__in=stuck):
         assert "past its deadline" in req.last_error
         assert (req.state, req.attempts) in {("queued", 1), ("submitted", 2)}
