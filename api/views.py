@@ -143,9 +143,13 @@ class RequestRelease(APIView):
                                                   now=timezone.now())})
 
 
+class BulksNewestFirst(NewestFirst):
+    ordering = ("-created_at", "-id")  # bulk ids are random UUIDs
+
+
 class BulkList(generics.ListAPIView):
     serializer_class = s.BulkSerializer
-    pagination_class = NewestFirst
+    pagination_class = BulksNewestFirst
 
     def get_queryset(self):
         qs = selectors.visible_bulks(self.request.user).select_related("user")
