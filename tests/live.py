@@ -3,9 +3,11 @@ a real Celery worker with beat driving the loop, and the simulated library with 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def program(name):
@@ -50,9 +53,37 @@ class Carousel:
 
 
 @pytest.fixture
-def carousel(live_server, tmp_path, settings):
+def open_dir():
+    """A directory others may read (pytest's tmp_path is private to root): XRootD runs
+    unprivileged and reads the restored copies."""
+    path = Path(tempfile.mkdtemp(prefix="carousel-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def client_venv():
+    """The client package installed with pip into a bare virtual environment of Debian's python
+    (no Django), where an unprivileged XRootD can run its programs."""
+    root = Path(tempfile.mkdtemp(prefix="carousel-client-", dir="/tmp"))
+    root.chmod(0o755)
+    source = root / "client"
+    shutil.copytree(ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    venv = root / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
+    install = subprocess.run([str(venv / "bin/pip"), "install", "-q", str(source)], capture_output=True, text=True,
+                             timeout=300)
+    assert install.returncode == 0, install.stderr
+    yield venv
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def carousel(live_server, open_dir, settings):
     from carousel.models import Control
 
+    tmp_path = open_dir
     if not os.environ.get("REDIS_URL"):
         pytest.fail("REDIS_URL is not set: run the suite with `make test`")
     archive, disk = tmp_path / "archive", tmp_path / "disk"

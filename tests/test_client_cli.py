@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from carousel.models import Control, RestoreRequest
-from tests.live import carousel, program  # noqa: F401 (fixture)
+from tests.live import carousel, client_venv, open_dir, program  # noqa: F401 (fixtures)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
 from carousel_client import api as client_api  # noqa: E402
@@ -46,14 +46,8 @@ def run_on_a_terminal(carousel, user, *args):
     return proc.wait(timeout=120), drawn.decode(errors="replace")
 
 
-def test_the_client_installs_into_a_bare_venv_without_django(tmp_path):
-    source = tmp_path / "client"
-    shutil.copytree(ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    venv = tmp_path / "venv"
-    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
-    install = subprocess.run([str(venv / "bin/pip"), "install", "-q", str(source)], capture_output=True, text=True,
-                             timeout=300)
-    assert install.returncode == 0, install.stderr
+def test_the_client_installs_into_a_bare_venv_without_django(client_venv, tmp_path):
+    venv = client_venv
     helped = subprocess.run([str(venv / "bin/carousel"), "--help"], capture_output=True, text=True)
     assert helped.returncode == 0 and "submit" in helped.stdout and "exit codes" in helped.stdout
     for hook in ("carousel-xrd-stagecmd", "carousel-xrd-prepare"):
