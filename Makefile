@@ -53,6 +53,7 @@ services:
 	command -v xrootd >/dev/null || missing="$$missing xrootd-server"; \
 	command -v xrdfs >/dev/null || missing="$$missing xrootd-client"; \
 	ls /usr/lib/*/libXrdOfsPrepGPI-5.so >/dev/null 2>&1 || missing="$$missing xrootd-server-plugins"; \
+	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; apt-get update -q && $(APT_INSTALL) $$missing; \
 	fi
