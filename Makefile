@@ -57,6 +57,7 @@ services:
 	for pkg in gfal2 gfal2-plugin-http gfal2-util-scripts python3-gfal2 wrk; do \
 	  dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; \
 	done; \
+	/usr/bin/python3 -c "import ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; apt-get update -q && $(APT_INSTALL) $$missing; \
 	fi

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
-from carousel import grid, selectors, services
+from carousel import grid, pins, selectors, services
 from carousel.tasks import withdraw_on_commit
 
 from . import serializers as s
@@ -129,18 +129,17 @@ class RequestRelease(APIView):
     def post(self, request):
         form = PathsSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        try:
-            from carousel.pins import release_pins  # issue 10's pins (helper c)
-        except ImportError:
-            return Response({"status": 501, "code": "not_implemented",
-                             "detail": "this Carousel has no pins to release"}, status=501)
-        return Response({"released": release_pins(user=request.user, paths=form.validated_data["paths"],
+        return Response({"released": pins.release_pins(user=request.user, paths=form.validated_data["paths"],
                                                   now=timezone.now())})
+
+
+class BulksNewestFirst(NewestFirst):
+    ordering = ("-created_at", "-id")  # bulk ids are random UUIDs
 
 
 class BulkList(generics.ListAPIView):
     serializer_class = s.BulkSerializer
-    pagination_class = NewestFirst
+    pagination_class = BulksNewestFirst
 
     def get_queryset(self):
         qs = selectors.visible_bulks(self.request.user).select_related("user")

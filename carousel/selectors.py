@@ -24,21 +24,37 @@ def may_change_all(user):
     return user.has_perm("carousel.change_restorerequest")
 
 
+def _acts_for_others(user):
+    return Account.objects.filter(user=user, acts_for_others=True).exists()
+
+
+def _own(user):
+    """A user's requests; for a service account, also those it submitted for others (the
+    XRootD hooks find and cancel what they asked for on a person's behalf)."""
+    if _acts_for_others(user):
+        return Q(user=user) | Q(bulk__submitter=user)
+    return Q(user=user)
+
+
 def visible_requests(user):
     """The requests a user may see: their own; with the view permission, everyone's."""
     qs = RestoreRequest.objects.all()
-    return qs if may_view_all(user) else qs.filter(user=user)
+    return qs if may_view_all(user) else qs.filter(_own(user))
 
 
 def cancellable_requests(user):
     """The requests a user may cancel: their own; with the change permission, everyone's."""
     qs = RestoreRequest.objects.all()
-    return qs if may_change_all(user) else qs.filter(user=user)
+    return qs if may_change_all(user) else qs.filter(_own(user))
 
 
 def visible_bulks(user):
+    """A user's submissions (a service account's: also those it made for others); with the view
+    permission, everyone's."""
     qs = Bulk.objects.all()
-    return qs if may_view_all(user, "bulk") else qs.filter(user=user)
+    if may_view_all(user, "bulk"):
+        return qs
+    return qs.filter(Q(user=user) | Q(submitter=user)) if _acts_for_others(user) else qs.filter(user=user)
 
 
 def request_list(*, user, **filters):

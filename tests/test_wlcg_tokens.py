@@ -189,3 +189,21 @@ def test_native_on_behalf_of_only_from_service_accounts(alice, bob):
     r = client_for(bob).post("/api/v1/requests/", {"paths": ["/d/c"], "on_behalf_of": "nobody"}, format="json")
     assert r.status_code == 400
     assert RestoreRequest.objects.count() == 1
+
+
+def test_a_service_account_finds_and_cancels_what_it_asked_for_on_a_persons_behalf(alice, bob, charlie):
+    # The XRootD prepare hook finds a request by its label and cancels it as the service account,
+    # though the requests belong to the person.
+    Account.objects.filter(user=bob).update(acts_for_others=True)
+    service = client_for(bob)
+    r = service.post("/api/v1/requests/", {"paths": ["/x/1", "/x/2"], "on_behalf_of": "alice", "label": "xrd-7"},
+                     format="json")
+    assert r.status_code == 201, r.content
+    found = service.get("/api/v1/bulks/", {"label": "xrd-7"}).json()["results"]
+    assert [b["id"] for b in found] == [str(Bulk.objects.get().id)]
+    listed = service.get("/api/v1/requests/", {"bulk": found[0]["id"]}).json()["results"]
+    assert sorted(x["path"] for x in listed) == ["/x/1", "/x/2"]
+    assert service.post(f"/api/v1/bulks/{found[0]['id']}/cancel/").status_code == 200
+    assert set(RestoreRequest.objects.values_list("state", flat=True)) == {"cancelled"}
+    # An ordinary account sees none of it.
+    assert client_for(charlie).get("/api/v1/bulks/", {"label": "xrd-7"}).json()["results"] == []

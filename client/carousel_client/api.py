@@ -122,15 +122,15 @@ class Client:
             waited += pause
             delay = min(delay * 2, 30.0)
 
-    def get(self, path, **params):
-        return self.request("GET", path, params={k: v for k, v in params.items() if v not in (None, "")})
+    def get(self, endpoint, **params):
+        return self.request("GET", endpoint, params={k: v for k, v in params.items() if v not in (None, "")})
 
-    def post(self, path, body=None):
-        return self.request("POST", path, json=body)
+    def post(self, endpoint, body=None):
+        return self.request("POST", endpoint, json=body)
 
-    def pages(self, path, **params):
+    def pages(self, endpoint, **params):
         """Every item of a paginated listing, page after page."""
-        page = self.get(path, page_size=1000, **params)
+        page = self.get(endpoint, page_size=1000, **params)
         while True:
             yield from page["results"]
             if not page.get("next"):

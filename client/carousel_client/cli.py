@@ -3,6 +3,7 @@ own arguments) and then prints one JSON document for scripts; errors go to stand
 what to do, and the exit code says what happened (api.EXIT_*)."""
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -18,7 +19,8 @@ BYTES_UP_TO = 5000  # submissions up to this many files also show bytes (read fr
 EPILOG = """exit codes: 0 fine; 2 bad command line; 3 no server or token configured; 4 token or action
 refused; 5 not found; 6 input refused; 7 server unreachable or failing; for wait: 10 some files
 failed, 11 some cancelled or expired, 12 --timeout passed.
-configuration: CAROUSEL_URL; CAROUSEL_TOKEN, or CAROUSEL_TOKEN_FILE, or ~/.config/carousel/client.ini"""
+configuration: CAROUSEL_URL; CAROUSEL_TOKEN, or CAROUSEL_TOKEN_FILE, or ~/.config/carousel/client.ini;
+CAROUSEL_RETRY_S: how long to keep retrying an unreachable, failing or throttling server (60)"""
 
 
 def build_parser():
@@ -73,7 +75,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     args.json = as_json
     try:
-        client = api.Client(api.Config.load())
+        client = api.Client(api.Config.load(), patience=float(os.environ.get("CAROUSEL_RETRY_S") or 60))
         return COMMANDS[args.command](client, args) or api.EXIT_OK
     except ClientError as error:
         return api.report(error, as_json=as_json)

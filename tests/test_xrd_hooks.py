@@ -1,0 +1,68 @@
+"""The XRootD hooks' own decisions, without a server: the query reply within XRootD 5.5's 2 KB,
+whose identity a stage is made under, and the prepare program's command line."""
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
+from carousel_client import api, xrd  # noqa: E402
+
+
+def reply_for(n, error=""):
+    return {"request_id": "52667f000001:277289e9.6b041be5:1", "responses": [
+        {"path": f"/exp/run1/file{i:03d}.root", "path_exists": True, "on_tape": True, "online": False,
+         "requested": True, "has_reqid": True, "req_time": "1795000000", "error_text": error} for i in range(n)]}
+
+
+def test_the_query_reply_fits_2_kb_whole_or_is_not_sent():
+    text = xrd.fit_reply(reply_for(10), 2048)
+    assert len(text.encode()) <= 2047 and json.loads(text) == reply_for(10)
+    # Long error texts are shortened, never the responses or their order.
+    shortened = json.loads(xrd.fit_reply(reply_for(9, error="x" * 500), 2048))
+    assert [r["path"] for r in shortened["responses"]] == [r["path"] for r in reply_for(9)["responses"]]
+    assert all(r["error_text"] == "x" * len(r["error_text"]) for r in shortened["responses"])
+    assert xrd.fit_reply(reply_for(40), 2048) is None  # too many paths for 5.5: refused, not cut
+    assert json.loads(xrd.fit_reply(reply_for(40), 16384)) == reply_for(40)  # 5.6 with -maxresp 16k
+
+
+def test_the_prepare_command_line_as_libXrdOfsPrepGPI_builds_it():
+    assert xrd.parse_prepare(["-p", "2", "-n", "rdy", "-w", "--", "id1", "stage", "/a", "/b"]) == (
+        {"-p": "2", "-n": "rdy", "-w": True}, "id1", "stage", ["/a", "/b"])
+    assert xrd.parse_prepare(["--", "id2", "query", "/a"]) == ({}, "id2", "query", ["/a"])
+    with pytest.raises(ValueError):
+        xrd.parse_prepare(["-p", "1"])
+
+
+def test_a_mapped_identity_is_used_only_from_a_protected_map_file(tmp_path):
+    mapfile = tmp_path / "usermap"
+    mapfile.write_text("# pattern user\nalice@*.farm.example.org alice\nprod@vobox.example.org production\n")
+    mapfile.chmod(0o644)
+    env = {"CAROUSEL_XRD_USERMAP": str(mapfile)}
+    assert xrd.on_behalf_of("alice.1234:22@wn7.farm.example.org", env) == "alice"
+    assert xrd.on_behalf_of("prod.9:1@vobox.example.org", env) == "production"
+    assert xrd.on_behalf_of("alice.1234:22@laptop.example.com", env) is None
+    assert xrd.on_behalf_of("alice.1234:22@wn7.farm.example.org", {}) is None  # no map: no mapping
+    mapfile.chmod(0o666)
+    assert xrd.on_behalf_of("alice.1234:22@wn7.farm.example.org", env) is None  # anyone could edit it
+
+
+def test_stage_sends_on_behalf_of_only_for_a_mapped_client(tmp_path, monkeypatch):
+    sent = []
+
+    def server(request):
+        sent.append(json.loads(request.content))
+        return httpx.Response(201, json={"bulk_id": "b", "files": 1, "created": 1, "existing": 0, "shared": 0})
+    client = api.Client(api.Config("http://carousel.test", "k"), transport=httpx.MockTransport(server))
+    mapfile = tmp_path / "usermap"
+    mapfile.write_text("alice@wn*.example.org alice\n")
+    mapfile.chmod(0o600)
+    monkeypatch.setenv("CAROUSEL_XRD_USERMAP", str(mapfile))
+    monkeypatch.setenv("XRDPREP_TID", "alice.1:2@wn1.example.org")
+    xrd.prepare_stage(client, "rid", ["/a"], {"-p": "3"})
+    monkeypatch.setenv("XRDPREP_TID", "alice.1:2@elsewhere.org")
+    xrd.prepare_stage(client, "rid2", ["/a"], {})
+    assert sent == [{"paths": ["/a"], "label": "rid", "priority": 3, "on_behalf_of": "alice"},
+                    {"paths": ["/a"], "label": "rid2"}]
