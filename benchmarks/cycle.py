@@ -46,9 +46,8 @@ def fill(queued, already=0, seed=1):
     from django.contrib.auth.models import Group, User
     from django.core.management import call_command
     from django.db import connection
-    from django.utils import timezone
 
-    from carousel.models import Account, Control, GroupShare, RestoreRequest, Tape, path_key
+    from carousel.models import Account, Control, GroupShare, Tape
 
     if already:
         return append(queued - already, already, seed)
@@ -56,7 +55,6 @@ def fill(queued, already=0, seed=1):
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE carousel_restorerequest, carousel_job, carousel_tape, carousel_userbacklog, "
                        "carousel_tapebacklog, carousel_transition, carousel_bulkitem, carousel_bulk CASCADE")
-    rng = random.Random(seed)
     groups = []
     for g in range(GROUPS):
         group, _ = Group.objects.get_or_create(name=f"bench-g{g}")

@@ -160,8 +160,8 @@ def ablation(args):
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(run, tasks))
 
-    print(f"| workload | library | lower bound s | eradat s | eradat-rao s | broker s | order x | plan x | "
-          f"speed-up x | retained | broker mounts | broker bytes_read / bytes | broker shares / weights |")
+    print("| workload | library | lower bound s | eradat s | eradat-rao s | broker s | order x | plan x | "
+          "speed-up x | retained | broker mounts | broker bytes_read / bytes | broker shares / weights |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, _ in workloads:
         bound = lower_bound(loaded[name]).seconds

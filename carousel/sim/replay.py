@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 
 from policies.order import read_order
 
-from .library import Library, Mismatch
+from .library import Library
 from .lowerbound import lower_bound
 
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
