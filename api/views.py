@@ -193,11 +193,6 @@ class NotFoundView(APIView):
     authentication_classes = []
     schema = None  # not an operation of the API
 
-    def dispatch(self, request, *args, **kwargs):
-        self.args, self.kwargs = args, kwargs
-        self.request = self.initialize_request(request, *args, **kwargs)
-        self.headers = self.default_response_headers
-        response = self.handle_exception(exceptions.NotFound(
-            f"nothing at {request.path}: see /api/docs/ for the API's addresses"))
-        self.response = self.finalize_response(self.request, response, *args, **kwargs)
-        return self.response
+    def initial(self, request, *args, **kwargs):
+        # Before any method handler: every method answers the same 404.
+        raise exceptions.NotFound(f"nothing at {request.path}: see /api/docs/ for the API's addresses")

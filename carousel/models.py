@@ -640,17 +640,17 @@ class PathPrefix(models.Model):
     def clean(self):
         from django.core.exceptions import ValidationError
 
-        from .paths import normalise_prefix
+        from .paths import check_place
 
-        prefix, message = normalise_prefix(self.prefix or "")
+        prefix, message = check_place(self.prefix or "", max_bytes=self._meta.get_field("prefix").max_length)
         if message:
             raise ValidationError({"prefix": message})
         self.prefix = prefix
 
     def save(self, *args, **kwargs):
-        from .paths import normalise_prefix
+        from .paths import check_place
 
-        prefix, message = normalise_prefix(self.prefix or "")
+        prefix, message = check_place(self.prefix or "", max_bytes=self._meta.get_field("prefix").max_length)
         if message:
             raise ValueError(f"prefix {self.prefix!r}: {message}")
         self.prefix = prefix

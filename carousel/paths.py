@@ -44,27 +44,28 @@ def check_path(path, *, max_bytes):
     return path, None
 
 
+def check_place(path, *, max_bytes):
+    """As check_path, for a path naming a place (a destination, a granted prefix): a trailing
+    '/' is allowed and dropped, and '/' itself is a place."""
+    trimmed = path.rstrip("/") if isinstance(path, str) else path
+    if trimmed == "" and path:
+        return "/", None
+    return check_path(trimmed, max_bytes=max_bytes)
+
+
 def check_destination(destination, *, max_bytes):
     """Return (normalised destination, None) or (None, message). Empty: no destination (the
     file is used where the stager puts it). Otherwise an absolute, normalised path with no
     control character: it can never be read as an option, and names no place through '..'."""
     if destination == "":
         return "", None
-    path, message = check_path(destination, max_bytes=max_bytes)
-    if message and message.startswith("ends with '/'"):
-        path, message = destination.rstrip("/") or "/", None  # a directory given as one
-        path = _SLASHES.sub("/", path)
-    return path, message
-
-
-def is_under(path, prefix):
-    """Whether `path` is `prefix` or inside it, by whole components: /data/al is not under /data/a."""
-    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+    return check_place(destination, max_bytes=max_bytes)
 
 
 def under_any(path, prefixes):
-    """Whether `path` is under one of the set `prefixes` (normalised, no trailing '/'): one set
-    look-up per component of the path, however many prefixes there are."""
+    """Whether `path` is one of the set `prefixes` (normalised places) or inside one, by whole
+    components (/data/al is not under /data/a): one set look-up per component of the path,
+    however many prefixes there are."""
     if "/" in prefixes or path in prefixes:
         return True
     end = path.find("/", 1)
@@ -73,12 +74,6 @@ def under_any(path, prefixes):
             return True
         end = path.find("/", end + 1)
     return False
-
-
-def normalise_prefix(prefix):
-    """A prefix as stored and compared: absolute, single slashes, no trailing '/' (but '/')."""
-    path, message = check_path(prefix.rstrip("/") or "/", max_bytes=4096) if prefix.rstrip("/") else ("/", None)
-    return path, message
 
 
 def validate_paths(paths, *, max_count, max_bytes):

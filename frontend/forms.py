@@ -35,8 +35,9 @@ class RestoreForm(forms.Form):
                             widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "autocomplete": "off"}))
     file = forms.FileField(label="… or a file listing them, one per line", required=False)
     destination = forms.CharField(label="Destination (optional)", required=False, max_length=4096,
-                                  help_text="Where the restored files are copied; empty: they stay where "
-                                            "the tape system puts them.")
+                                  help_text="Where the restored files are copied: an absolute path under a "
+                                            "root the operators allow you; empty: they stay where the tape "
+                                            "system puts them.")
     pin_hours = forms.FloatField(label="Keep on disk for (hours, optional)", required=False, min_value=0.01,
                                  max_value=24 * 365)
     deadline = forms.DateTimeField(label="Give up after (UTC, optional)", required=False,

@@ -123,10 +123,13 @@ def select(*, now, control, sort, share, slots, most_slots=None):
         group = limits.group[user]
         fit = min(remaining, group_room.get(group, remaining))
         # A policy that keeps tapes whole needs room for all the user's ready files on the
-        # tape, not only those its pool held (the pool may have been cut by the slots).
+        # tape, not only those its pool held (the pool may have been cut by the slots), as far
+        # as the user's and group's caps would ever let them go together.
         need = len(run)
         if sort.whole_tapes:
-            need = max(need, result.tapes[run[0].tape].user_files.get(user, 0))
+            most = min(result.tapes[run[0].tape].user_files.get(user, 0), limits.user_room[user],
+                       limits.group_limits.get(group, (None, need))[1])
+            need = max(need, most)
         if need > fit:
             if fit <= 0:
                 continue  # this user's group is full: the others go on

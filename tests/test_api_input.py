@@ -127,7 +127,8 @@ def test_the_body_limit_fits_the_largest_submission(settings):
 
 @pytest.mark.parametrize("url", ["/api/v1/requests/abc/", "/api/v1/requests/12/nope/", "/api/v1/nothing/",
                                  "/api/v1/requests/99999999/", "/api/v1/requests/99999999999999999999999/",
-                                 "/api/v1/bulks/not-a-uuid/", "/api/v1/bulks/00000000-0000-0000-0000-000000000000/"])
+                                 "/api/v1/bulks/not-a-uuid/", "/api/v1/bulks/00000000-0000-0000-0000-000000000000/",
+                                 "/api/v1/requests/" + "9" * 5000 + "/", "/api/v1/requests/" + "9" * 5000 + "/cancel/"])
 def test_an_unknown_address_under_the_api_is_a_json_404(as_alice, url):
     body = api_error(as_alice.get(url), 404)
     assert body["code"] == "not_found"
