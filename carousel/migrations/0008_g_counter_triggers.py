@@ -68,7 +68,8 @@ def _totals(r):
 
 # PostgreSQL ---------------------------------------------------------------------------------
 
-PG_WAIT = "n.wait"  # a column of pg_update's CTE n
+PG_WAIT = "extract(epoch FROM n.updated_at - n.created_at)::float8"
+PG_CHANGED = "FROM new_rows n JOIN old_rows o ON o.id = n.id WHERE n.state IS DISTINCT FROM o.state"
 PG_STATECOUNT = """
 INSERT INTO carousel_statecount AS c (state, group_key, files, bytes)
 SELECT state, g, sum(k), sum(b) FROM ({rows}) AS d GROUP BY state, g HAVING sum(k) <> 0 OR sum(b) <> 0
@@ -98,60 +99,30 @@ ON CONFLICT (day, user_id, group_key) DO UPDATE SET requested_files = u.requeste
 """
 
 
-# CounterTotal (name, label) <- the usage column that counts it.
-AGG_TOTALS = [("files_restored", "", "restored_files"), ("bytes_restored", "", "restored_bytes"),
-              *(("failures", c, f"failed_{c}") for c in CLASSES), ("failures", "other", "failed_other"),
-              ("retries", "", "retries"), ("cancelled", "", "cancelled"), ("expired", "", "expired"),
-              ("requested_bytes", "", "requested_bytes")]
-
-
 def pg_update():
-    """One statement: the changed rows are joined once (the CTE n), and every counter is derived
-    from them."""
     cols = _event_columns("n", PG_WAIT)
     day = PG_DAY.format("n.updated_at")
     select = ", ".join(f"{expr} AS {name}" for name, expr in cols.items())
-    sums_named = ", ".join(f"max({c}) AS {c}" if c == "wait_max_s" else f"sum({c}) AS {c}" for c in cols)
-    # The totals from the few aggregated rows, not from every changed request.
-    totals = ", ".join(f"('{name}', '{label}', {column})" for name, label, column in AGG_TOTALS)
+    sums = ", ".join(f"max({c})" if c == "wait_max_s" else f"sum({c})" for c in cols)
+    totals = " UNION ALL ".join(f"SELECT '{name}' AS name, {label} AS label, {v} AS v {PG_CHANGED}"
+                                for name, label, v in _totals("n"))
     return f"""
-WITH n AS MATERIALIZED (
-    SELECT n.user_id, n.group_id, n.state, n.error_class, n.size, n.created_at, n.updated_at,
-           o.state AS old_state, o.size AS old_size, o.group_id AS old_group_id,
-           n.state IS DISTINCT FROM o.state AS moved, extract(epoch FROM n.updated_at - n.created_at)::float8 AS wait
-    FROM new_rows n JOIN old_rows o ON o.id = n.id
-    WHERE n.state IS DISTINCT FROM o.state OR n.size IS DISTINCT FROM o.size OR n.group_id IS DISTINCT FROM o.group_id
-), counts AS (
-    INSERT INTO carousel_statecount AS c (state, group_key, files, bytes)
-    SELECT state, g, sum(k), sum(b) FROM (
-        SELECT state, coalesce(group_id, 0) AS g, 1 AS k, coalesce(size, 0) AS b FROM n WHERE state IN {ACTIVE}
-        UNION ALL
-        SELECT old_state, coalesce(old_group_id, 0), -1, -coalesce(old_size, 0) FROM n WHERE old_state IN {ACTIVE}
-    ) AS d GROUP BY state, g HAVING sum(k) <> 0 OR sum(b) <> 0 ORDER BY state, g
-    ON CONFLICT (state, group_key) DO UPDATE SET files = c.files + EXCLUDED.files, bytes = c.bytes + EXCLUDED.bytes
-), agg AS MATERIALIZED (
-    SELECT day, user_id, g, sum(grown) AS requested_bytes, {sums_named} FROM (
-        SELECT {day} AS day, n.user_id, coalesce(n.group_id, 0) AS g, 0 AS grown, {select} FROM n WHERE n.moved
-        UNION ALL
-        SELECT {PG_DAY.format("n.created_at")}, n.user_id, coalesce(n.group_id, 0),
-               coalesce(n.size, 0) - coalesce(n.old_size, 0), {", ".join("0" for _ in cols)}
-        FROM n WHERE n.size IS DISTINCT FROM n.old_size
-    ) AS e GROUP BY 1, 2, 3
-), usage AS (
-    INSERT INTO carousel_usageday AS u (day, user_id, group_key, requested_bytes, {", ".join(cols)})
-    SELECT * FROM agg ORDER BY 1, 2, 3
-    ON CONFLICT (day, user_id, group_key) DO UPDATE SET {_usage_upsert("u")}
-), waits AS (
-    INSERT INTO carousel_usagewait AS w (day, user_id, group_key, bucket, files)
-    SELECT {day}, n.user_id, coalesce(n.group_id, 0), {_bucket(PG_WAIT)}, count(*) FROM n
-    WHERE n.moved AND n.state = 'done'
-    GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
-    ON CONFLICT (day, user_id, group_key, bucket) DO UPDATE SET files = w.files + EXCLUDED.files
-)
-INSERT INTO carousel_countertotal AS t (name, label, value)
-SELECT x.name, x.label, sum(x.v)::bigint FROM agg CROSS JOIN LATERAL (VALUES {totals}) AS x(name, label, v)
-GROUP BY x.name, x.label HAVING sum(x.v) <> 0 ORDER BY x.name, x.label
-ON CONFLICT (name, label) DO UPDATE SET value = t.value + EXCLUDED.value;
+{PG_STATECOUNT.format(rows=f"{PG_SC_NEW} UNION ALL {PG_SC_OLD}")}
+INSERT INTO carousel_usageday AS u (day, user_id, group_key, requested_bytes, {", ".join(cols)})
+SELECT day, user_id, g, sum(grown), {sums} FROM (
+    SELECT {day} AS day, n.user_id, coalesce(n.group_id, 0) AS g, 0 AS grown, {select} {PG_CHANGED}
+    UNION ALL
+    SELECT {PG_DAY.format("n.created_at")}, n.user_id, coalesce(n.group_id, 0),
+           coalesce(n.size, 0) - coalesce(o.size, 0), {", ".join("0" for _ in cols)}
+    FROM new_rows n JOIN old_rows o ON o.id = n.id WHERE n.size IS DISTINCT FROM o.size
+) AS e GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+ON CONFLICT (day, user_id, group_key) DO UPDATE SET {_usage_upsert("u")};
+INSERT INTO carousel_usagewait AS w (day, user_id, group_key, bucket, files)
+SELECT {day}, n.user_id, coalesce(n.group_id, 0), {_bucket(PG_WAIT)}, count(*) {PG_CHANGED} AND n.state = 'done'
+GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+ON CONFLICT (day, user_id, group_key, bucket) DO UPDATE SET files = w.files + EXCLUDED.files;
+{PG_TOTAL_UPSERT.format(rows=totals + " UNION ALL SELECT 'requested_bytes', '', coalesce(n.size, 0) - coalesce(o.size, 0) "
+                        "FROM new_rows n JOIN old_rows o ON o.id = n.id WHERE n.size IS DISTINCT FROM o.size")}
 """
 
 
