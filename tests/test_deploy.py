@@ -46,8 +46,9 @@ def test_compose_file_is_valid_with_a_stager_that_reads_tape_by_default_and_var_
 def _celery(role, tmp_path, **env):
     cmd = [sys.executable, "-m", "celery", "-A", "carousel", role, "--loglevel=WARNING"]
     cmd += ["--pool=solo", "-Q", "celery"] if role == "worker" else ["-s", str(tmp_path / "beat-schedule")]
-    return subprocess.run(cmd, env=_clean_env(CAROUSEL_VAR_DIR=str(tmp_path), **env), cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    # cwd: kombu's filesystem transport makes a control/ folder where it runs.
+    return subprocess.run(cmd, env=_clean_env(CAROUSEL_VAR_DIR=str(tmp_path), PYTHONPATH=str(ROOT), **env),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("role", ["worker", "beat"])
