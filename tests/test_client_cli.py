@@ -197,3 +197,15 @@ def test_the_client_honours_retry_after_and_backs_off():
     with pytest.raises(client_api.ClientError) as refused:
         client.get("bulks/")
     assert refused.value.code == client_api.EXIT_UNAVAILABLE and slept == [30.0, 30.0]
+
+
+def test_a_reader_that_goes_away_is_not_an_error(carousel, alice):
+    # `carousel ls | head`: the pipe closes before the listing is written.
+    assert run(carousel, alice, "submit", "/pipe/a", "/pipe/b")[0] == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    proc = subprocess.Popen([program("carousel"), "ls", "--json"], stdout=write_end, stderr=subprocess.PIPE,
+                            env=carousel.env(alice))
+    os.close(write_end)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and b"Traceback" not in err, err

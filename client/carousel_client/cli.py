@@ -81,6 +81,11 @@ def main(argv=None):
         return api.report(error, as_json=as_json)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`carousel ls | head`): nothing wrong here. Point stdout at
+        # /dev/null so the interpreter's own flush at exit does not fail on the pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return api.EXIT_OK
 
 
 def out(args, data, text):
