@@ -11,7 +11,7 @@ itself asks EXISTS before INCR); on other caches (the embedded default's file ca
 incr through Django's API."""
 import time
 
-from django.core.cache import cache
+from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
 from django.core.cache.backends.redis import RedisCache
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
@@ -48,10 +48,12 @@ class AccountRateThrottle(SimpleRateThrottle):
 
     def count(self, key):
         """Adds one to the window's counter and returns it; the counter outlives its window a little."""
-        if isinstance(self.cache, RedisCache):
+        # django.core.cache.cache is a proxy: the backend behind it decides.
+        backend = caches[DEFAULT_CACHE_ALIAS] if self.cache is cache else self.cache
+        if isinstance(backend, RedisCache):
             # The key as Django's cache API would write it (prefix, version): cache.get() reads it.
-            key = self.cache.make_and_validate_key(key)
-            pipeline = self.cache._cache.get_client(key, write=True).pipeline(transaction=False)
+            key = backend.make_and_validate_key(key)
+            pipeline = backend._cache.get_client(key, write=True).pipeline(transaction=False)
             pipeline.incr(key)
             pipeline.expire(key, self.duration + 1)
             return pipeline.execute()[0]
