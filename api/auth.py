@@ -2,13 +2,14 @@
 one of Carousel's own API tokens, since gfal2 sends BEARER_TOKEN with that keyword. No
 ready-made DRF class checks an external issuer's tokens offline (see interfaces.md)."""
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
 from carousel import wlcg
 
+from .authentication import CachedTokenAuthentication
 
-class BearerAuthentication(TokenAuthentication):
+
+class BearerAuthentication(CachedTokenAuthentication):
     keyword = "Bearer"
 
     def authenticate_credentials(self, key):

@@ -1,8 +1,10 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.relations import PKOnlyObject
+from rest_framework.settings import ISO_8601, api_settings
 
 from django.conf import settings
+from django.utils import timezone
 
 from carousel.models import Bulk, RequestState, RestoreRequest
 from carousel.paths import check_destination
@@ -81,36 +83,71 @@ class SubmitResultSerializer(serializers.Serializer):
     url = serializers.CharField()
 
 
+def _fast_converter(field):
+    """A function giving what field.to_representation(value) gives for a value that is not
+    None, for the exact DRF field classes whose rule is a one-liner; None for any other field
+    (it keeps its own to_representation). Read once per serializer, i.e. once per page."""
+    kind = type(field)
+    if kind is serializers.IntegerField:
+        return int
+    if kind is serializers.CharField:
+        return str
+    if kind is serializers.ChoiceField:
+        choices = field.choice_strings_to_values
+        return lambda value: value if value == "" else choices.get(str(value), value)
+    if (kind is serializers.DateTimeField and getattr(field, "format", api_settings.DATETIME_FORMAT) == ISO_8601
+            and field.default_timezone() is not None and not hasattr(field, "timezone")):
+        zone = field.default_timezone()  # the request's time zone, as DRF reads it per value
+
+        def iso(value):
+            if isinstance(value, str) or not value:
+                return field.to_representation(value)
+            if not timezone.is_aware(value):
+                return field.to_representation(value)  # make_aware and its checks: DRF's own way
+            try:
+                text = value.astimezone(zone).isoformat()
+            except OverflowError:
+                return field.to_representation(value)  # DRF's error for it
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        return iso
+    return None
+
+
 class PlainFieldsFirst:
     """Serializer.to_representation with DRF's own rules, minus its per-value look-ups for
     fields that are a model column of the instance (no dotted source, no relation): they are
-    read with one getattr. A page of 100 requests is rendered on every poll of the list, and
-    DRF's generic attribute walk (a callable check per field per row) was most of its cost.
-    Every other field goes through DRF's get_attribute, as before."""
+    read with one getattr, and converted by a one-line rule equal to the field's own for the
+    plain field types (integers, text, choices, ISO date-times; _fast_converter). A page of 100
+    requests is rendered on every poll of the list, and DRF's generic attribute walk (a
+    callable check per field per row) and its per-value time zone look-up were most of its
+    cost. Every other field goes through DRF's get_attribute and to_representation, as before."""
 
     def _plan(self):
         plan = getattr(self, "_fast_plan", None)
         if plan is None:
             columns = {f.attname for f in self.Meta.model._meta.concrete_fields if not f.is_relation}
-            plan = [(field, field.source_attrs[0] if len(field.source_attrs) == 1
-                     and field.source_attrs[0] in columns and not isinstance(field, serializers.RelatedField)
-                     else None) for field in self._readable_fields]
+            plan = []
+            for field in self._readable_fields:
+                column = (field.source_attrs[0] if len(field.source_attrs) == 1 and field.source_attrs[0] in columns
+                          and not isinstance(field, serializers.RelatedField) else None)
+                plan.append((field, field.field_name, column,
+                             (_fast_converter(field) or field.to_representation) if column else None))
             self._fast_plan = plan
         return plan
 
     def to_representation(self, instance):
         ret = {}
-        for field, column in self._plan():
+        for field, name, column, convert in self._plan():
             if column is not None:
                 attribute = getattr(instance, column)
-                ret[field.field_name] = None if attribute is None else field.to_representation(attribute)
+                ret[name] = None if attribute is None else convert(attribute)
                 continue
             try:
                 attribute = field.get_attribute(instance)
             except serializers.SkipField:
                 continue
             check = attribute.pk if isinstance(attribute, PKOnlyObject) else attribute
-            ret[field.field_name] = None if check is None else field.to_representation(attribute)
+            ret[name] = None if check is None else field.to_representation(attribute)
         return ret
 
 

@@ -5,10 +5,14 @@ DRF's own SimpleRateThrottle keeps, per account, a list of the timestamps of its
 requests and writes the whole list back on every request: at the rates a service account is
 allowed (thousands a minute) that is a large read-modify-write per call, and two workers
 racing on it lose counts. Here each account has one counter per window, incremented
-atomically (Redis INCR), so a request costs one cache round trip whatever the rate."""
+atomically (Redis INCR), so a request costs one cache round trip whatever the rate: on Redis,
+INCR and EXPIRE go in one pipeline (Django's cache API would take three: add, then incr, which
+itself asks EXISTS before INCR); on other caches (the embedded default's file cache), add and
+incr through Django's API."""
 import time
 
-from django.core.cache import cache
+from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
+from django.core.cache.backends.redis import RedisCache
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -37,17 +41,29 @@ class AccountRateThrottle(SimpleRateThrottle):
             return True
         now = time.time()
         window = int(now // self.duration)
-        key = f"{self.key}_{window}"
-        # add() is a no-op when the counter exists; the counter outlives its window a little.
-        self.cache.add(key, 0, timeout=self.duration + 1)
-        try:
-            count = self.cache.incr(key)
-        except ValueError:  # expired between add() and incr()
-            self.cache.add(key, 1, timeout=self.duration + 1)
-            count = 1
+        count = self.count(f"{self.key}_{window}")
         self.window_end = (window + 1) * self.duration
         self.now = now
         return count <= self.num_requests
+
+    def count(self, key):
+        """Adds one to the window's counter and returns it; the counter outlives its window a little."""
+        # django.core.cache.cache is a proxy: the backend behind it decides.
+        backend = caches[DEFAULT_CACHE_ALIAS] if self.cache is cache else self.cache
+        if isinstance(backend, RedisCache):
+            # The key as Django's cache API would write it (prefix, version): cache.get() reads it.
+            key = backend.make_and_validate_key(key)
+            pipeline = backend._cache.get_client(key, write=True).pipeline(transaction=False)
+            pipeline.incr(key)
+            pipeline.expire(key, self.duration + 1)
+            return pipeline.execute()[0]
+        # add() is a no-op when the counter exists.
+        self.cache.add(key, 0, timeout=self.duration + 1)
+        try:
+            return self.cache.incr(key)
+        except ValueError:  # expired between add() and incr()
+            self.cache.add(key, 1, timeout=self.duration + 1)
+            return 1
 
     def wait(self):
         return max(1.0, self.window_end - self.now)

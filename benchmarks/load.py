@@ -19,7 +19,7 @@ and then:
 The machine may be shared: the script also reads the CPU time that gunicorn's workers and
 PostgreSQL spent during the mix (from /proc), and gives the cost of an answer in server CPU
 and the rate that two otherwise idle cores would sustain at that cost (a derived figure,
-labelled as such). --conn-max-age sets the web workers' CONN_MAX_AGE (as shipped: 0).
+labelled as such). --conn-max-age sets the web workers' CONN_MAX_AGE (default: as shipped).
 
 The last line is JSON: files queued, answers_per_s, p50_ms, p99_ms, summary_big_ms,
 summary_small_ms, x_summary, server_cpu_ms_per_answer, answers_per_s_on_2_free_cores."""
@@ -205,8 +205,8 @@ def main():
     parser.add_argument("--queued", type=int, default=100_000)
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--seconds", type=int, default=30)
-    parser.add_argument("--conn-max-age", type=int, default=int(os.environ.get("CONN_MAX_AGE", "0")),
-                        help="the web workers' CONN_MAX_AGE (as shipped: 0, a connection per request)")
+    parser.add_argument("--conn-max-age", type=int, default=None,
+                        help="the web workers' CONN_MAX_AGE (default: as shipped, the settings' default)")
     parser.add_argument("--single", type=int, default=25, help="sequential /summary/ calls per user")
     args = parser.parse_args()
     setup_django()
@@ -216,7 +216,13 @@ def main():
     print("load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     big_token, small_token = fill(args.queued)
     port = free_port()
-    env = {**os.environ, "CAROUSEL_THROTTLE_RATE": RATE, "CONN_MAX_AGE": str(args.conn_max_age)}
+    env = {**os.environ, "CAROUSEL_THROTTLE_RATE": RATE}
+    if args.conn_max_age is not None:
+        env["CONN_MAX_AGE"] = str(args.conn_max_age)
+    else:
+        env.pop("CONN_MAX_AGE", None)
+    from django.conf import settings
+    conn_max_age = args.conn_max_age if args.conn_max_age is not None else settings.DATABASES["default"]["CONN_MAX_AGE"]
     proc = start_gunicorn(port, env)
     try:
         # Each worker imports the views on its first request: not what we measure.
@@ -242,7 +248,7 @@ def main():
         + result["timeouts"],
         "p50_ms": round(result["p50_us"] / 1000, 1), "p99_ms": round(result["p99_us"] / 1000, 1),
         "summary_big_ms": round(big_s * 1000, 2), "summary_small_ms": round(small_s * 1000, 2),
-        "x_summary": round(big_s / small_s, 2), "conn_max_age": args.conn_max_age,
+        "x_summary": round(big_s / small_s, 2), "conn_max_age": conn_max_age,
         # What the answers cost: CPU seconds of gunicorn and PostgreSQL per answer, and the
         # answers per second that 2 cores spent on nothing else would give at that cost.
         "server_cpu_ms_per_answer": round(cpu_s / max(1, result["answers"]) * 1000, 2),

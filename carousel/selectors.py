@@ -107,13 +107,18 @@ def active_count(user):
 def oldest_active(user):
     """When the user's oldest active request was created: the oldest of each active state,
     each one probe of the (user, state, created_at) index."""
+    if connection.vendor == "postgresql":
+        # One statement, one probe per state; written out because the ORM's UNION of six
+        # sliced querysets cost more to compile on every poll than to run.
+        table = RestoreRequest._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT min((SELECT created_at FROM {table} WHERE user_id = %s AND state = s "
+                f"ORDER BY created_at LIMIT 1)) FROM unnest(%s::varchar[]) AS s", [user.pk, [str(s.value) for s in ACTIVE_STATES]])
+            return cursor.fetchone()[0]
     firsts = [RestoreRequest.objects.filter(user=user, state=state).order_by("created_at")
               .values_list("created_at", flat=True)[:1] for state in ACTIVE_STATES]
-    if connection.features.supports_slicing_ordering_in_compound:  # PostgreSQL: one round trip
-        found = list(firsts[0].union(*firsts[1:], all=True))
-    else:
-        found = [t for q in firsts for t in q]
-    return min(found, default=None)
+    return min((t for q in firsts for t in q), default=None)
 
 
 def in_bulk(bulk):

@@ -85,10 +85,17 @@ TEMPLATES = [
 
 # The embedded default; demo accounts are created only there (carousel/deploy.py).
 EMBEDDED_DATABASE_PATH = VAR_DIR / "carousel.sqlite3"
+_DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{EMBEDDED_DATABASE_PATH}")
+# Persistent connections: opening a PostgreSQL connection (a backend forked, authenticated,
+# its caches cold) cost more server CPU than the poll it served. A worker keeps its connection
+# for CONN_MAX_AGE seconds (60 by default on PostgreSQL; 0, a connection per request, on the
+# embedded SQLite, where opening one is cheap), and checks it before reusing it, so a database
+# restart costs one reconnect, not an error.
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", f"sqlite:///{EMBEDDED_DATABASE_PATH}"),
-        conn_max_age=int(os.environ.get("CONN_MAX_AGE", "0")),
+        _DATABASE_URL,
+        conn_max_age=int(os.environ.get("CONN_MAX_AGE", "0" if _DATABASE_URL.startswith("sqlite") else "60")),
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -127,12 +134,17 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "carousel@localhost")
 EMAIL_TIMEOUT = 10
 # The broker's public address, for links in notices (e.g. https://carousel.example.org).
 CAROUSEL_SITE_URL = os.environ.get("CAROUSEL_SITE_URL", "")
+# How long an API token's look-up (its user and permissions) is kept in the shared cache; 0: read
+# the database on every request (api/authentication.py).
+CAROUSEL_TOKEN_CACHE_SECONDS = int(os.environ.get("CAROUSEL_TOKEN_CACHE_SECONDS", "30"))
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # "Authorization: Bearer <WLCG JWT or API token>" (gfal2 sends BEARER_TOKEN so).
+        # "Authorization: Bearer <WLCG JWT or API token>" (gfal2 sends BEARER_TOKEN so), and
+        # "Token <key>": API tokens with the token's user (and permissions) kept a short while
+        # in the shared cache, so a poll costs no authentication query (api/authentication.py).
         "api.auth.BearerAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        "api.authentication.CachedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -55,3 +55,21 @@ def test_the_count_is_shared_by_every_process(three_a_minute, alice, as_alice):
 def test_the_shipped_rate_does_not_answer_ordinary_use(as_alice):
     for _ in range(20):
         assert as_alice.get(SUMMARY).status_code == 200
+
+
+def test_a_request_counts_in_one_round_trip_to_redis(as_alice, monkeypatch):
+    """INCR and EXPIRE in one pipeline: one round trip per request for the throttle."""
+    from django.core.cache import caches
+    from redis.client import Pipeline
+
+    as_alice.get(SUMMARY)  # the token look-up cached: what remains is the throttle
+    calls = []
+    original = Pipeline.execute
+    monkeypatch.setattr(Pipeline, "execute", lambda self, *a, **k: calls.append(len(self.command_stack))
+                        or original(self, *a, **k))
+    client = caches["default"]._cache.get_client(None, write=True)
+    sent = []
+    send = type(client).execute_command
+    monkeypatch.setattr(type(client), "execute_command", lambda self, *a, **k: sent.append(a[0]) or send(self, *a, **k))
+    assert as_alice.get(SUMMARY).status_code == 200
+    assert calls == [2] and sent == ["GET"]  # the pipeline; GET: the cached token

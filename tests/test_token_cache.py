@@ -1,0 +1,99 @@
+"""API tokens are looked up in the shared cache (api/authentication.py): a poll costs no
+authentication or permission query, and whatever changes who the token's owner is or what it
+may do takes effect at the next request, not when the cache entry runs out."""
+import pytest
+from django.contrib.auth.models import Group, Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.authtoken.models import Token
+
+from carousel.models import RestoreRequest
+from carousel.services import restore_submit
+
+from .conftest import client_for
+
+SUMMARY = "/api/v1/summary/"
+LIST = "/api/v1/requests/"
+AUTH_TABLES = ("authtoken_token", "auth_user", "auth_permission", "auth_group")  # read FROM them
+
+
+def auth_queries(client, url):
+    with CaptureQueriesContext(connection) as queries:
+        r = client.get(url)
+    assert r.status_code == 200, r.content
+    return [q["sql"] for q in queries if any(f'FROM "{t}" ' in q["sql"] for t in AUTH_TABLES)]
+
+
+def test_a_second_poll_reads_neither_the_token_nor_the_permissions(as_alice):
+    assert auth_queries(as_alice, LIST)  # the first request reads them
+    assert auth_queries(as_alice, LIST) == []
+    assert auth_queries(as_alice, SUMMARY) == []
+
+
+def test_a_deleted_token_is_refused_at_once(alice, as_alice):
+    assert as_alice.get(SUMMARY).status_code == 200
+    Token.objects.filter(user=alice).get().delete()
+    r = as_alice.get(SUMMARY)
+    assert r.status_code == 401 and r.json()["code"] == "authentication_failed"
+
+
+def test_a_deactivated_user_is_refused_at_once(alice, as_alice):
+    assert as_alice.get(SUMMARY).status_code == 200
+    alice.is_active = False
+    alice.save()
+    assert as_alice.get(SUMMARY).status_code == 401
+
+
+def test_an_unknown_token_is_refused_every_time(alice, as_alice):
+    as_alice.get(SUMMARY)
+    wrong = client_for(alice)
+    wrong.credentials(HTTP_AUTHORIZATION="Token " + "0" * 40)
+    assert wrong.get(SUMMARY).status_code == 401
+    assert wrong.get(SUMMARY).status_code == 401
+
+
+@pytest.fixture
+def bobs_request(bob, now):
+    restore_submit(user=bob, now=now, paths=["/b/1"])
+    return RestoreRequest.objects.get(user=bob)
+
+
+def seen(client):
+    return {r["path"] for r in client.get(LIST).json()["results"]}
+
+
+def view_all():
+    return Permission.objects.get(content_type__app_label="carousel", codename="view_restorerequest")
+
+
+def test_a_permission_given_or_taken_counts_at_once(alice, as_alice, bobs_request):
+    assert seen(as_alice) == set()
+    alice.user_permissions.add(view_all())
+    assert seen(as_alice) == {"/b/1"}
+    alice.user_permissions.remove(view_all())
+    assert seen(as_alice) == set()
+
+
+def test_a_groups_permission_and_membership_count_at_once(alice, as_alice, bobs_request):
+    operators = Group.objects.create(name="operators")
+    alice.groups.add(operators)
+    assert seen(as_alice) == set()
+    operators.permissions.add(view_all())           # the group gains it
+    assert seen(as_alice) == {"/b/1"}
+    operators.user_set.remove(alice)                # alice leaves the group (from its side)
+    assert seen(as_alice) == set()
+    view_all().group_set.add(operators)             # from the permission's side
+    operators.user_set.add(alice)
+    assert seen(as_alice) == {"/b/1"}
+    view_all().group_set.remove(operators)
+    assert seen(as_alice) == set()
+    operators.permissions.add(view_all())
+    assert seen(as_alice) == {"/b/1"}
+    operators.delete()                              # the group goes
+    assert seen(as_alice) == set()
+
+
+def test_without_the_cache_the_database_answers_every_time(settings, as_alice):
+    settings.CAROUSEL_TOKEN_CACHE_SECONDS = 0
+    as_alice.get(SUMMARY)
+    assert auth_queries(as_alice, SUMMARY)
