@@ -165,7 +165,7 @@ class BulkCancel(APIView):
     @extend_schema(request=None, responses=s.CancelResultSerializer)
     def post(self, request, pk):
         bulk = get_object_or_404(selectors.visible_bulks(request.user), pk=pk)
-        if bulk.user_id != request.user.id and not selectors.may_change_all(request.user):
+        if request.user.id not in (bulk.user_id, bulk.submitter_id) and not selectors.may_change_all(request.user):
             raise exceptions.PermissionDenied("you may see this submission but not cancel it: cancelling another "
                                               "user's requests needs the change permission on restore requests")
         return _cancel(selectors.bulk_requests(bulk))

@@ -169,6 +169,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # Every operation's error answers, with the error body (api/schema.py).
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.schema.add_error_responses"],
+    # The native API only: the WLCG Tape REST door follows its own published specification.
+    "PREPROCESSING_HOOKS": ["api.schema.native_api_only"],
 }
 
 # Celery: Redis when REDIS_URL is set, else kombu's filesystem transport under var/.
