@@ -49,7 +49,7 @@ class Carousel:
         target.write_bytes(data)
 
     def check_worker(self):
-        assert self.worker.poll() is None, self.worker.stdout.read().decode()
+        assert self.worker.poll() is None, self.worker.log_path.read_text()
 
 
 @pytest.fixture
@@ -100,7 +100,9 @@ def carousel(live_server, open_dir, settings):
     worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "carousel", "worker", "-B", "--pool=solo",
                                "-Q", "celery,control,delivery", "--loglevel=WARNING",
                                "-s", str(tmp_path / "beat-schedule")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                              env=env, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,
+                              start_new_session=True)  # a file: an unread pipe fills up and blocks its logging
+    worker.log_path = tmp_path / "worker.log"
     yield Carousel(live_server.url, archive, disk, worker)
     worker.terminate()
     try:

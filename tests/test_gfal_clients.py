@@ -61,8 +61,9 @@ def carousel_server(worker, tmp_path):  # noqa: F811
         env = dict(os.environ, DATABASE_URL=_test_database_url(), CAROUSEL_VAR_DIR=str(tmp_path),
                    CAROUSEL_STAGER="simulated", CAROUSEL_STAGER_OPTIONS='{"speedup": 2000}', **extra_env)
         proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "carousel.wsgi", "-b", f"127.0.0.1:{port}",
-                                 "-w", "2", "--log-level", "warning"], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
+                                 "-w", "2", "--log-level", "warning"], env=env,
+                                stdout=open(tmp_path / f"gunicorn-{port}.log", "wb"), stderr=subprocess.STDOUT)
+        proc.log_path = tmp_path / f"gunicorn-{port}.log"  # a file: an unread pipe would block its logging
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -70,7 +71,7 @@ def carousel_server(worker, tmp_path):  # noqa: F811
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 return url
             except OSError:
-                assert proc.poll() is None, proc.stdout.read().decode()
+                assert proc.poll() is None, proc.log_path.read_text()
                 time.sleep(0.1)
         raise AssertionError("gunicorn did not start")
 

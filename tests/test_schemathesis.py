@@ -47,7 +47,7 @@ def _wait_for(url, server, timeout=60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"the server exited: {server.stderr.read()[-2000:]}")
+            raise RuntimeError(f"the server exited: {server.log_path.read_text()[-2000:]}")
         try:
             urllib.request.urlopen(url, timeout=2)
             return
@@ -61,9 +61,12 @@ def run_schemathesis(env, tmp_path):
     token = _manage(env, "shell", "-c", SETUP).stdout.strip().splitlines()[-1]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([str(BIN / "gunicorn"), "-w", "2", "-b", f"127.0.0.1:{port}", "--timeout", "60",
-                               "carousel.wsgi"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    # Its log to a file: a pipe nobody reads fills up, and the server blocks on its next log line.
+    log_path = tmp_path / "gunicorn.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([str(BIN / "gunicorn"), "-w", "2", "-b", f"127.0.0.1:{port}", "--timeout", "60",
+                                   "carousel.wsgi"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    server.log_path = log_path
     try:
         _wait_for(f"{base}/api/schema/", server)
         done = subprocess.run(

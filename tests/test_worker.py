@@ -25,7 +25,9 @@ def worker(transactional_db, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "carousel", "worker", "-B", "--pool=solo",
                              "-Q", "celery,control,delivery", "--loglevel=WARNING",
                              "-s", str(tmp_path / "beat-schedule")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                            env=env, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)  # a file: an unread pipe fills up and blocks its logging
+    proc.log_path = tmp_path / "worker.log"
     yield proc
     proc.terminate()
     try:
@@ -50,6 +52,6 @@ def test_a_real_worker_restores_submitted_files(worker, alice, now):
     while time.monotonic() < deadline:
         if RestoreRequest.objects.filter(state="done").count() == 20:
             break
-        assert worker.poll() is None, worker.stdout.read().decode()
+        assert worker.poll() is None, worker.log_path.read_text()
         time.sleep(0.5)
     assert RestoreRequest.objects.filter(state="done").count() == 20
