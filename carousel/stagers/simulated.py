@@ -36,6 +36,8 @@ class SimulatedStager(Stager):
     def __init__(self, *, drives=None, speedup=20.0, media="LTO-8", tapes=40, robots=4, exchange_s=11.0,
                  read_rate_mb_s=None, state_file=None, library=None, files=None, clock=None, archive_dir=None,
                  disk_dir=None):
+        self.archive_dir = Path(archive_dir) if archive_dir else None
+        self.disk_dir = Path(disk_dir) if disk_dir else None
         if library is not None:  # replay
             self.library, self.files, self.clock = library, files, clock
             return
@@ -46,8 +48,6 @@ class SimulatedStager(Stager):
         self.speedup, self.media, self.tapes = float(speedup), media, int(tapes)
         self.robots, self.exchange_s, self.read_rate_mb_s = robots, exchange_s, read_rate_mb_s
         self._state_file = state_file
-        self.archive_dir = Path(archive_dir) if archive_dir else None
-        self.disk_dir = Path(disk_dir) if disk_dir else None
 
     @property
     def state_file(self):
