@@ -16,6 +16,9 @@ def library(settings, alice, bob, now):
     located(alice, ["/alice/mine/0", "/alice/mine/1"], now)
     located(bob, ["/bob/secret/0", "/bob/secret/1", "/bob/secret/2"], now)
     run_cycle(now=now)
+    # Work still queued for both, whichever files the scheduler sent first: the users' rows.
+    located(alice, ["/alice/mine/later"], now)
+    located(bob, ["/bob/secret/later"], now)
 
 
 class TwoDrives(ImmediateStager):
