@@ -9,6 +9,7 @@ from policies.selection import EXCHANGE_S, select
 from policies.sorting import in_read_order
 
 from .models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
+from .locating import any_unlocated
 from .mounts import Planned
 from .services import request_transition
 from .stagers.base import JobSpec
@@ -27,10 +28,12 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
     window = control.files_per_job * jobs_limit - in_flight
     slots = min(window, control.choose_per_cycle)
-    if window > slots and _ready_backlog() <= window:
-        # The whole ready backlog fits in the window: choose it all now, so the plan sees all
-        # of it and cuts its last tapes across the drives (plan.py), instead of committing
-        # whole tapes one cycle's choice at a time. Still bounded by N x K.
+    if window > slots and _ready_backlog() <= window and not any_unlocated():
+        # The whole backlog fits in the window: choose it all now, so the plan sees all of it
+        # and cuts its last tapes across the drives (plan.py), instead of committing whole
+        # tapes one cycle's choice at a time. Still bounded by N x K. Not while requests wait
+        # to be located: a burst larger than a locate batch is not all ready yet, and taking
+        # what is would hand the drives to whoever was located first.
         slots = window
     # Once the work in flight is done, a cycle has the whole window (at most its choice).
     most = min(control.files_per_job * jobs_limit, max(slots, control.choose_per_cycle))

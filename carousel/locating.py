@@ -14,6 +14,12 @@ from .services import request_transition
 UNLOCATED = Q(state=S.QUEUED, tape__isnull=True)
 
 
+def any_unlocated():
+    """Whether queued requests wait to be located: work the backlog counters do not show yet,
+    so the ready backlog is not the last there is (one indexed probe)."""
+    return RestoreRequest.objects.filter(UNLOCATED).exists()
+
+
 def locate_requests(*, now, stager, limit, control=None):
     """Learn the tape, position and size of queued requests not located yet."""
     again = list(RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=False, locate_after__lte=now)

@@ -15,6 +15,7 @@ from policies.sorting import TapeInfo
 
 from . import plan
 from .failures import Failure, fail_requests
+from .locating import any_unlocated
 from .models import (
     FINISHED_JOB_STATES, IN_FLIGHT_STATES, READY, Control, ErrorClass, Job, JobState, RequestState as S,
     RestoreRequest, StagerHealth, Tape,
@@ -77,7 +78,7 @@ class MountPlanner:
         # tapes keep every drive busy with one mount each.
         # (This cycle's claims are still queued until its jobs are made.)
         keys = [f[1] for files in ordered.values() for f in files]
-        split = not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists()
+        split = not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists() and not any_unlocated()
         replanned = self._take_back(ordered, tapes) if split else set()
         chains = self._chains()
         # Short mounts of users with little in flight go first: one analyst's file does not wait
