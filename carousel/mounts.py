@@ -70,16 +70,19 @@ class MountPlanner:
     def lay_out(self, ordered, tapes, users, *, control):
         """[Planned] for {tape id: [(path, key, position, size)] in read order}; `users`: tape
         id -> Counter of the users whose requests these are. When this is the last of the
-        backlog, the long mounts planned earlier and not sent yet are planned again with it
-        (their jobs are listed in `self.taken_back`; claiming moves their requests to the new
-        jobs and deletes them), so the plan's tail covers all the work not yet at the stager,
-        not only this cycle's."""
+        backlog, the last long mount planned on each chain, if not sent yet, is planned again
+        with it (their jobs are listed in `self.taken_back`; claiming moves their requests to
+        the new jobs and deletes them), so the final round is laid out across all the drives,
+        not only this cycle's work."""
         # Cut tapes across drives only for the last of the backlog: while more waits, whole
         # tapes keep every drive busy with one mount each.
         # (This cycle's claims are still queued until its jobs are made.)
         keys = [f[1] for files in ordered.values() for f in files]
         split = not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists() and not any_unlocated()
-        replanned = self._take_back(ordered, tapes) if split else set()
+        # The chains' last mounts taken back come first: their turns came before this cycle's.
+        replanned = self._take_back(ordered, tapes) if split else []
+        order = [*replanned, *(tape for tape in ordered if tape not in set(replanned))]
+        replanned = set(replanned)
         chains = self._chains()
         # Short mounts of users with little in flight go first: one analyst's file does not wait
         # behind hours of someone's backlog. (A short remnant of a big backlog does not jump.)
@@ -92,8 +95,11 @@ class MountPlanner:
             state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").exclude(id__in=self.taken_back)
             .order_by("created_at", "rank")
             .values_list("tape_id", "chain", "after_id", "jumps_queue")}
+        on_drive = dict(Job.objects.filter(state=JobState.SENT, tape_id__in=list(ordered)).exclude(chain="")
+                        .order_by("sent_at").values_list("tape_id", "chain"))
         pieces, work = [], {}
-        for tape_id, files in ordered.items():
+        for tape_id in order:
+            files = ordered[tape_id]
             media = tapes[tape_id].media if tape_id in tapes else None
             group = media if media in self.drives else ("" if "" in self.drives else None)
             if group is None or media not in MEDIA:
@@ -104,6 +110,12 @@ class MountPlanner:
             if tape_id in pending_tape:  # joins the tape's planned mount: sent with it
                 chain, after, jumps = pending_tape[tape_id]
                 pieces.append(Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps))
+            elif tape_id in on_drive:
+                # The tape is on a drive now: sent at once, the stager reads it in the same
+                # mount (a library adds a request for a mounted tape to that drive's work),
+                # instead of a second mount hours later at the end of a chain. Files of a
+                # burst located after its first cycle land here.
+                pieces.append(Planned(tape_id, files, chain=on_drive[tape_id], estimate_s=pre[-1]))
             elif (tape_id not in replanned and pre[-1] <= control.short_mount_s
                   and not set(users.get(tape_id, ())) & busy):
                 pieces.append(self._short(tape_id, files, pre[-1], chains, group, control))
@@ -146,21 +158,38 @@ class MountPlanner:
         return planned
 
     def _take_back(self, ordered, tapes):
-        """Take the planned long mounts not sent yet back into this cycle's work: the pending,
-        not-short jobs of tapes none of whose work is at the stager or waiting as a short mount
-        (a cut tape whose other piece is on a drive stays as planned: its pieces must not
-        overlap). Their files join `ordered` (merged in read order with this cycle's new files
-        of the same tape); jobs that followed them now follow what they followed. Returns the
-        tapes taken back; `self.taken_back` holds their jobs. Bounded by the window, N x K."""
+        """Take the last long mount planned on each drive's chain, when none of it is sent yet,
+        back into this cycle's work: plan.plan lays the final round out again with it, so the
+        drives finish together however the estimates and this cycle's new work came out. The
+        mounts before it keep their turns. A tape is taken back only when all its open jobs
+        are such chain ends (a cut tape whose other piece is on a drive or further up a chain
+        stays as planned: its pieces must not overlap). Their files join `ordered` (merged in
+        read order with this cycle's new files of the same tape); jobs that followed them now
+        follow what they followed. Returns the tapes taken back, in the order they were
+        planned; `self.taken_back` holds their jobs. Bounded by the drives."""
         open_jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
-                         .values_list("id", "tape_id", "state", "after_id", "jumps_queue"))
-        kept_tapes = {tape for _, tape, state, _, jumps in open_jobs if state == JobState.SENT or jumps}
-        back = {job for job, tape, state, _, jumps in open_jobs if tape not in kept_tapes}
+                         .order_by("created_at", "rank")
+                         .values_list("id", "tape_id", "state", "after_id", "jumps_queue", "chain"))
+        row_of = {row[0]: row for row in open_jobs}
+        followed = {row[3] for row in open_jobs}
+        ends = set()
+        for job, tape, _, _, _, chain in open_jobs:
+            if job in followed:
+                continue
+            row = row_of[job]
+            while (row is not None and row[2] == JobState.PENDING and not row[4] and row[1] == tape
+                   and row[5] == chain):
+                ends.add(row[0])
+                row = row_of.get(row[3])
+        of_tape = {}
+        for job, tape, *_ in open_jobs:
+            of_tape.setdefault(tape, set()).add(job)
+        back = {job for job in ends if of_tape[row_of[job][1]] <= ends}
         self.taken_back = back
         if not back:
-            return set()
-        after_of = {job: after for job, _, _, after, _ in open_jobs}
-        for job, _, _, after, _ in open_jobs:
+            return []
+        after_of = {job: row[3] for job, row in row_of.items()}
+        for job, _, _, after, _, _ in open_jobs:
             if job not in back and after in back:
                 while after in back:
                     after = after_of.get(after)
@@ -179,7 +208,7 @@ class MountPlanner:
             if tape_id not in tapes:
                 tapes[tape_id] = TapeInfo(id=tape_id, media=media or None, files=0, bytes=0, oldest_age_s=0.0)
             ordered[tape_id] = [merged[k] for k in read_order(media, [(k, f[2], f[3]) for k, f in merged.items()])]
-        return set(taken)
+        return list(taken)
 
     def _chains(self):
         """{chain name: _Chain} for every drive, from the unfinished jobs on the chains (less

@@ -9,9 +9,15 @@ reorder it and short mounts can go first.
 
 Two ways to lay out new work on the chains, given how long each chain's committed work still
 takes (`ends`):
-- whole tapes, longest first, each to the chain that frees first (LPT list scheduling): one
-  mount per tape; used while more work waits behind the window.
-- when the planned work is the last there is (`split=True`), McNaughton's wrap-around rule,
+- while more work waits behind the window: whole tapes in the order they come (the order the
+  policies chose them: the sharing policy's turns of drive time, policies/selection.py), each
+  to the chain that frees first. One mount per tape, and the drives read the tapes in the
+  order of the turns, so each user's share of the drives' time holds while they all have work.
+  (Longest first would serve whoever has the longest tapes first, whatever their share.)
+- when the planned work is the last there is (`split=True`), the same, and then the final
+  round (the tapes that start within one mount of the moment the first drive would go idle,
+  where the drives would otherwise finish apart; the turns before it stay as they are) is laid out again for the shortest makespan: whole tapes
+  longest first (LPT list scheduling), or McNaughton's wrap-around rule,
   which is optimal for preemptive scheduling and here has a set-up cost per piece: bisect for the
   smallest makespan T at which the tapes, longest first, fill the chains up to T; a tape that
   overflows a chain is cut, its head closing that chain and its tail opening the next one. The
@@ -55,13 +61,38 @@ class Piece:
 
 def plan(ends, tapes, *, split):
     """Lay `tapes` (TapeWork) out on the chains. `ends`: {chain: seconds until its committed
-    work is done}. Returns ({chain: [Piece, ...] to append, in order}, planned makespan)."""
-    tapes = sorted((t for t in tapes if t.keys), key=lambda t: (-t.seconds, str(t.tape)))
-    if not tapes or not ends:
+    work is done}. Returns ({chain: [Piece, ...] to append, in order}, planned makespan).
+
+    Whole tapes in the order given, each to the chain that frees first. With `split` (the
+    last of the backlog), the final round (the tapes that start within one mount of the moment
+    the first drive would go idle, where the drives would otherwise finish apart) is laid out again for the
+    shortest makespan: whole longest first, or cut (McNaughton), whichever ends first; the
+    tapes before it keep their turns."""
+    given = [t for t in tapes if t.keys]
+    if not given or not ends:
         return {}, max(ends.values(), default=0.0)
-    whole, whole_span = _longest_first(ends, tapes)
+    in_turn, in_turn_span = _list_schedule(ends, given)
     if not split or len(ends) < 2:
-        return whole, whole_span
+        return in_turn, in_turn_span
+    # The final round: the pieces that start within one mount (the longest) of the moment the
+    # first drive would go idle; a drive could have taken any of them instead.
+    idle = min(max([ends[chain], *(p.start_s + p.seconds for p in in_turn.get(chain, ()))]) for chain in ends)
+    since = idle - max(t.seconds for t in given)
+    prefix = {chain: [p for p in pieces if p.start_s < since] for chain, pieces in in_turn.items()}
+    by_tape = {t.tape: t for t in given}
+    last = [by_tape[p.tape] for pieces in in_turn.values() for p in pieces if p.start_s >= since]
+    starts = {chain: ends[chain] + sum(p.seconds for p in prefix.get(chain, ())) for chain in ends}
+    tail, tail_span = _shortest(starts, last)
+    if tail_span >= in_turn_span:
+        return in_turn, in_turn_span
+    out = {chain: [*prefix.get(chain, ()), *tail.get(chain, ())] for chain in ends}
+    return {chain: pieces for chain, pieces in out.items() if pieces}, tail_span
+
+
+def _shortest(ends, tapes):
+    """The layout of `tapes` that ends first: whole, longest first, or cut (McNaughton)."""
+    tapes = sorted(tapes, key=lambda t: (-t.seconds, str(t.tape)))
+    whole, whole_span = _list_schedule(ends, tapes)
     best = None
     low = (sum(ends.values()) + sum(t.seconds for t in tapes)) / len(ends)
     high = whole_span
@@ -81,7 +112,8 @@ def plan(ends, tapes, *, split):
     return (best, span) if span < whole_span else (whole, whole_span)
 
 
-def _longest_first(ends, tapes):
+def _list_schedule(ends, tapes):
+    """Each tape whole, in the order given, to the chain that frees first."""
     heap = [(end, str(chain), chain) for chain, end in ends.items()]
     heapq.heapify(heap)
     out = {}
@@ -93,13 +125,15 @@ def _longest_first(ends, tapes):
 
 
 def _fill(ends, tapes, limit):
-    """McNaughton's fill up to `limit`, or None when the tapes do not fit."""
-    chains = sorted(ends, key=lambda c: (ends[c], str(c)))
+    """McNaughton's fill up to `limit`, or None when the tapes do not fit. The chains busy the
+    longest are filled first: a cut tape's tail then goes to a chain that frees earlier, where
+    it can be read before its head starts (chains busy past `limit` take nothing)."""
+    chains = sorted((c for c in ends if ends[c] < limit), key=lambda c: (-ends[c], str(c)))
+    if not chains:
+        return None
     out = {c: [] for c in chains}
     c = 0
     used = ends[chains[0]]
-    if used > limit:
-        return None
     for tape in tapes:
         n = len(tape.keys)
         if used + tape.seconds <= limit:

@@ -60,22 +60,35 @@ def check(ends, tapes, layout, span):
             assert all(b - a >= plan.MIN_PIECE_S for a, b in spans)
 
 
-def test_whole_tapes_longest_first_when_more_work_waits():
+def test_whole_tapes_in_the_order_of_turns_when_more_work_waits():
+    """While more work waits, the drives read the tapes in the order the policies chose them
+    (the sharing policy's turns), not longest first: a group whose tapes are longer must not
+    take the drives first."""
     rng = random.Random(1)
     tapes = [work(f"T{i}", "LTO-7", scattered(rng, 30)) for i in range(21)]
     ends = {f"d{i}": 0.0 for i in range(15)}
     layout, span = plan.plan(ends, tapes, split=False)
     check(ends, tapes, layout, span)
     assert sum(len(p) for p in layout.values()) == 21  # one mount per tape
-    # The 15 longest tapes start at once, one per drive; the six shortest go second, each to
-    # the drive that frees first.
-    by_length = sorted(tapes, key=lambda t: -t.seconds)
+    # The first 15 in turn start at once, one per drive; the other six go second, each to the
+    # drive that frees first, in turn.
     first = {p.tape for ps in layout.values() for p in ps if p.start_s == 0}
-    assert first == {t.tape for t in by_length[:15]}
-    ends = sorted(ps[0].seconds for ps in layout.values())
-    second = {ps[1].tape: ps[1].start_s for ps in layout.values() if len(ps) > 1}
-    assert sorted(second.values()) == pytest.approx(ends[:6])
-    assert set(second) == {t.tape for t in by_length[15:]}
+    assert first == {t.tape for t in tapes[:15]}
+    frees = sorted((ps[0].seconds, ps[0].tape) for ps in layout.values())
+    second = {ps[0].tape: ps[1].tape for ps in layout.values() if len(ps) > 1}
+    assert [second[tape] for _, tape in frees[:6]] == [t.tape for t in tapes[15:]]
+
+
+def test_the_last_of_the_backlog_is_never_longer_than_the_order_of_turns():
+    """The last of the backlog (split=True) is laid out for the shortest makespan: cut, whole
+    longest first, or whole in turn, whichever ends first."""
+    rng = random.Random(4)
+    tapes = [work(f"T{i}", "LTO-7", scattered(rng, rng.randint(1, 40))) for i in range(8)]
+    ends = {"d0": 0.0, "d1": 0.0}
+    layout, span = plan.plan(ends, tapes, split=True)
+    check(ends, tapes, layout, span)
+    _, in_turn = plan.plan(ends, tapes, split=False)
+    assert span <= in_turn + 1e-6
 
 
 def test_the_last_of_the_backlog_is_cut_so_the_drives_finish_together():
