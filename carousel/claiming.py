@@ -90,13 +90,16 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
         by_tape.setdefault(c.tape, []).append(c)
     ordered = {}  # tape -> [(path, key, position, size)] in read order, one per file
     users = {tape_id: Counter(c.user for c in candidates) for tape_id, candidates in by_tape.items()}
+    # The group whose drive time a tape's mount is: most of its requests'.
+    groups = {tape_id: Counter(c.group for c in candidates).most_common(1)[0][0]
+              for tape_id, candidates in by_tape.items()}
     for tape_id, candidates in by_tape.items():
         files = {}
         for c in in_read_order(candidates, tapes):
             files.setdefault(claimed[c.id], (*claimed[c.id], c.position or 0, c.size or 0))
         ordered[tape_id] = list(files.values())
     if drives is not None:
-        pieces = drives.lay_out(ordered, tapes, users, control=control)
+        pieces = drives.lay_out(ordered, tapes, users, control=control, groups=groups)
     else:
         pieces = [Planned(tape_id, files, estimate_s=_estimate(tapes[tape_id].media, files))
                   for tape_id, files in ordered.items()]
@@ -108,6 +111,7 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
         for start in range(0, len(piece.files), files_per_job):
             part = piece.files[start:start + files_per_job]
             job = Job(tape_id=piece.tape, files=len(part), created_at=now, rank=len(jobs), chain=piece.chain,
+                      group_id=groups.get(piece.tape),
                       after_id=after, jumps_queue=piece.jumps, estimate_s=piece.estimate_s * len(part) / len(piece.files))
             jobs.append((job, part))
             job_of_key.update((f[1], job.id) for f in part)

@@ -8,7 +8,7 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 
 def path_key(path: str) -> uuid.UUID:
@@ -269,9 +269,20 @@ class GroupShare(models.Model):
     weight = models.FloatField(default=1.0, help_text="Relative share under weighted sharing (GRPW).")
     inflight_cap = models.PositiveIntegerField(null=True, blank=True,
                                                help_text="Most requests in flight for the group (empty: default).")
+    # Drive allocation, as ERADAT and TReqS have it (carousel/plan.py): drives the group gets
+    # first whenever it has work, and the most it may hold at once. Between the two it
+    # borrows drives nobody else needs and gives them back at its next mount boundary.
+    reserved_drives = models.PositiveIntegerField(
+        default=0, help_text="Drives this group gets first whenever it has work (0: none reserved).")
+    max_drives = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most drives this group may hold at once (empty: no limit).")
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="groupshare_weight_positive")]
+        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="groupshare_weight_positive"),
+                       models.CheckConstraint(condition=Q(max_drives__isnull=True) | Q(max_drives__gte=F("reserved_drives")),
+                                              name="groupshare_max_drives_covers_reserved",
+                                              violation_error_message="The most drives cannot be below the reserved "
+                                                                      "drives.")]
 
     def __str__(self):
         return f"share of {self.group}"
@@ -413,6 +424,8 @@ class Job(models.Model):
     estimate_s = models.FloatField(default=0.0)
     # A short mount put before the long ones of its chain: it may cut the one on the drive.
     jumps_queue = models.BooleanField(default=False)
+    # The group whose drive time the mount is (most of its requests'): drive allocation.
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     sent_at = models.DateTimeField(null=True, blank=True)
     progress_at = models.DateTimeField(null=True, blank=True)
     overdue_at = models.DateTimeField(null=True, blank=True,

@@ -21,6 +21,7 @@ from .models import (
     RestoreRequest, StagerHealth, Tape,
 )
 from .progress import files_in_flight, job_spec
+from .selectors import drive_allocation, drives_in_use
 from .services import request_transition
 from .stagers.base import StagerUnavailable
 from .tape import MEDIA, mount_profile
@@ -67,9 +68,10 @@ class MountPlanner:
         return cls(drives=counts, read_rate_mb_s=status.get("read_rate_mb_s"),
                    exchange_s=float(status.get("exchange_s") or 11.0))
 
-    def lay_out(self, ordered, tapes, users, *, control):
+    def lay_out(self, ordered, tapes, users, *, control, groups=None):
         """[Planned] for {tape id: [(path, key, position, size)] in read order}; `users`: tape
-        id -> Counter of the users whose requests these are. When this is the last of the
+        id -> Counter of the users whose requests these are; `groups`: tape id -> the group
+        whose drive time its mount is (drive allocation, plan.Allocation). When this is the last of the
         backlog, the last long mount planned on each chain, if not sent yet, is planned again
         with it (their jobs are listed in `self.taken_back`; claiming moves their requests to
         the new jobs and deletes them), so the final round is laid out across all the drives,
@@ -95,8 +97,11 @@ class MountPlanner:
             state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").exclude(id__in=self.taken_back)
             .order_by("created_at", "rank")
             .values_list("tape_id", "chain", "after_id", "jumps_queue")}
+        # Tapes on a drive now, unless a short mount waits for that drive (it may be cutting
+        # that mount short: the files it gave back must not join it again).
+        waiting_short = Job.objects.filter(state=JobState.PENDING, jumps_queue=True).values("chain")
         on_drive = dict(Job.objects.filter(state=JobState.SENT, tape_id__in=list(ordered)).exclude(chain="")
-                        .order_by("sent_at").values_list("tape_id", "chain"))
+                        .exclude(chain__in=waiting_short).order_by("sent_at").values_list("tape_id", "chain"))
         pieces, work = [], {}
         for tape_id in order:
             files = ordered[tape_id]
@@ -121,10 +126,13 @@ class MountPlanner:
                 pieces.append(self._short(tape_id, files, pre[-1], chains, group, control))
             else:
                 work.setdefault(group, []).append(plan.TapeWork(tape_id, tuple(range(len(files))), tuple(pre),
-                                                                tuple(suf)))
+                                                                tuple(suf), (groups or {}).get(tape_id)))
+        limits = drive_allocation()
         for group, tape_work in work.items():
             ends = {name: c.end_s for name, c in chains.items() if name.startswith(f"{group}/")}
-            layout, _ = plan.plan(ends, tape_work, split=split)
+            # (An allocation holds per technology's drives: each is planned on its own.)
+            allocation = plan.Allocation(limits, {name: chains[name].segments for name in ends}) if limits else None
+            layout, _ = plan.plan(ends, tape_work, split=split, allocation=allocation)
             for name, new in layout.items():
                 after = chains[name].tail
                 for p in new:
@@ -217,14 +225,15 @@ class MountPlanner:
         jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
                     .exclude(id__in=self.taken_back)
                     .order_by("created_at", "rank").values_list("id", "chain", "state", "after_id", "estimate_s",
-                                                                "files", "jumps_queue"))
+                                                                "files", "jumps_queue", "group_id"))
         sent = [j[0] for j in jobs if j[2] == JobState.SENT]
         left = dict(RestoreRequest.objects.filter(job_id__in=sent, state__in=IN_FLIGHT_STATES).order_by()
                     .values_list("job_id").annotate(n=Count("path_key", distinct=True)).values_list("job_id", "n"))
         followed = {j[3] for j in jobs}
-        for job_id, name, state, after, estimate, files, jumps in jobs:
+        for job_id, name, state, after, estimate, files, jumps, group in jobs:
             chain = chains.setdefault(name, _Chain())
             share = estimate * (left.get(job_id, 0) / files if state == JobState.SENT and files else 1.0)
+            chain.segments.append((chain.end_s, chain.end_s + share, group))
             chain.end_s += share
             if state == JobState.SENT:
                 chain.front = job_id
@@ -246,6 +255,7 @@ class _Chain:
     front: object = None  # the job a new short mount follows: the last one sent, or the last short one waiting
     shorts_s: float = 0.0  # the short mounts waiting at the front
     tail: object = None  # the job that new long work follows
+    segments: list = field(default_factory=list)  # (start s, end s, group) of its jobs, estimated
 
 
 # Roughly what a cut long mount still takes before its drive is free: the file being read, the
@@ -263,10 +273,18 @@ def send_jobs(*, now, stager):
     if not pending:
         return ""
     files = files_in_flight(pending)
+    limits = drive_allocation()
+    in_use = drives_in_use() if limits else {}
     for job_id, job in pending.items():
         spec = job_spec(job, files[job_id])
         if not spec.paths:
             Job.objects.filter(id=job.id).update(state=JobState.CANCELLED, finished_at=now)
+            continue
+        most = limits.get(job.group_id, (0, None))[1]
+        chains = in_use.setdefault(job.group_id, set())
+        if most is not None and job.chain and job.chain not in chains and len(chains) >= most:
+            # The group holds its most drives: the mount waits for one of them to end (the plan
+            # tries to avoid this; estimates are estimates).
             continue
         try:
             backend_id = stager.submit(spec)
@@ -279,6 +297,8 @@ def send_jobs(*, now, stager):
             continue
         Job.objects.filter(id=job.id, state=JobState.PENDING).update(
             state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now)
+        if job.chain:
+            chains.add(job.chain)
     return ""
 
 

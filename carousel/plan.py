@@ -45,10 +45,60 @@ class TapeWork:
     keys: tuple
     pre: tuple
     suf: tuple
+    group: object = None  # whose drive time it is (drive allocation)
 
     @property
     def seconds(self):
         return self.pre[-1]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Drive allocation per group, as ERADAT and TReqS have it: `limits` {group: (reserved,
+    most or None)}; `busy` {chain: [(start s, end s, group)]}: the committed work on the
+    chains, so what runs at a moment counts. When a chain frees, a group with work below its
+    reserved drives takes it first (the first of its tapes in turn); otherwise the first tape
+    in turn whose group is below its most. A group borrows drives nobody else needs and gives
+    them back at its next mount boundary. A chain none of whose waiting tapes may go waits
+    for the next mount to end."""
+
+    limits: dict
+    busy: dict
+
+    def running(self, out, chain, at):
+        """{group: chains other than `chain` reading its work at `at`}."""
+        count = {}
+        for other, segments in self.busy.items():
+            if other != chain:
+                for start, end, group in segments:
+                    if start <= at < end:
+                        count[group] = count.get(group, 0) + 1
+        for other, pieces in out.items():
+            if other != chain:
+                for piece in pieces:
+                    if piece.start_s <= at < piece.start_s + piece.seconds:
+                        count[piece.group] = count.get(piece.group, 0) + 1
+        return count
+
+    def pick(self, tapes, running):
+        """The index in `tapes` (in turn) of the one to mount next, or None."""
+        first = None
+        for i, tape in enumerate(tapes):
+            reserved, most = self.limits.get(tape.group, (0, None))
+            now = running.get(tape.group, 0)
+            if most is not None and now >= most:
+                continue
+            if now < reserved:
+                return i
+            if first is None:
+                first = i
+        return first
+
+    def next_end(self, out, chain, at):
+        ends = [end for other, segments in self.busy.items() if other != chain for _, end, _ in segments if end > at]
+        ends += [p.start_s + p.seconds for other, pieces in out.items() if other != chain for p in pieces
+                 if p.start_s + p.seconds > at]
+        return min(ends, default=None)
 
 
 @dataclass(frozen=True)
@@ -57,9 +107,10 @@ class Piece:
     keys: tuple
     seconds: float  # estimated drive time of its mount
     start_s: float  # planned start, seconds from now
+    group: object = None
 
 
-def plan(ends, tapes, *, split):
+def plan(ends, tapes, *, split, allocation=None):
     """Lay `tapes` (TapeWork) out on the chains. `ends`: {chain: seconds until its committed
     work is done}. Returns ({chain: [Piece, ...] to append, in order}, planned makespan).
 
@@ -71,8 +122,10 @@ def plan(ends, tapes, *, split):
     given = [t for t in tapes if t.keys]
     if not given or not ends:
         return {}, max(ends.values(), default=0.0)
-    in_turn, in_turn_span = _list_schedule(ends, given)
-    if not split or len(ends) < 2:
+    in_turn, in_turn_span = _list_schedule(ends, given, allocation)
+    if not split or len(ends) < 2 or (allocation and allocation.limits):
+        # (Drive allocation keeps its turns to the end: a cut would read one group's tape on
+        # two drives at once, past what its most allows.)
         return in_turn, in_turn_span
     # The final round: the pieces that start within one mount (the longest) of the moment the
     # first drive would go idle; a drive could have taken any of them instead.
@@ -112,16 +165,41 @@ def _shortest(ends, tapes):
     return (best, span) if span < whole_span else (whole, whole_span)
 
 
-def _list_schedule(ends, tapes):
-    """Each tape whole, in the order given, to the chain that frees first."""
+def _list_schedule(ends, tapes, allocation=None):
+    """Each tape whole, in the order given, to the chain that frees first (with an allocation,
+    the tape it picks)."""
+    if allocation and allocation.limits:
+        return _allocated(ends, tapes, allocation)
     heap = [(end, str(chain), chain) for chain, end in ends.items()]
     heapq.heapify(heap)
     out = {}
     for tape in tapes:
         end, name, chain = heapq.heappop(heap)
-        out.setdefault(chain, []).append(Piece(tape.tape, tape.keys, tape.seconds, end))
+        out.setdefault(chain, []).append(Piece(tape.tape, tape.keys, tape.seconds, end, tape.group))
         heapq.heappush(heap, (end + tape.seconds, name, chain))
     return out, max(end for end, _, _ in heap)
+
+
+def _allocated(ends, tapes, allocation):
+    heap = [(end, str(chain), chain) for chain, end in ends.items()]
+    heapq.heapify(heap)
+    left = list(tapes)
+    out = {}
+    span = max(ends.values())
+    while left:
+        at, name, chain = heapq.heappop(heap)
+        i = allocation.pick(left, allocation.running(out, chain, at))
+        if i is None:
+            later = allocation.next_end(out, chain, at)
+            if later is not None:
+                heapq.heappush(heap, (later, name, chain))
+                continue
+            i = 0  # nothing else runs: a most of 0 cannot hold work forever in a plan
+        tape = left.pop(i)
+        out.setdefault(chain, []).append(Piece(tape.tape, tape.keys, tape.seconds, at, tape.group))
+        span = max(span, at + tape.seconds)
+        heapq.heappush(heap, (at + tape.seconds, name, chain))
+    return out, span
 
 
 def _fill(ends, tapes, limit):

@@ -230,6 +230,23 @@ def eta_range(*, ahead, in_flight, rate, cycle_s):
     return ESTIMATE_LOW * work / rate.high, ESTIMATE_HIGH * work / rate.low + cycle_s
 
 
+def drive_allocation():
+    """{group id: (reserved drives, most drives or None)} for the groups an operator gave a
+    drive allocation (GroupShare); a most below 1 counts as 1."""
+    return {g: (reserved, None if most is None else max(1, most)) for g, reserved, most in
+            GroupShare.objects.filter(Q(reserved_drives__gt=0) | Q(max_drives__isnull=False))
+            .values_list("group_id", "reserved_drives", "max_drives")}
+
+
+def drives_in_use():
+    """{group id: the drives' chains reading its mounts now (jobs sent)}."""
+    used = {}
+    for group, chain in (Job.objects.filter(state=JobState.SENT).exclude(chain="").order_by()
+                         .values_list("group_id", "chain").distinct()):
+        used.setdefault(group, set()).add(chain)
+    return used
+
+
 def _limits(control, user_ids):
     """({user: (group, in-flight cap)}, {group: (weight, in-flight cap)}) with the defaults
     applied, as the selection step reads them."""
@@ -602,7 +619,7 @@ class LiveFigures:
     slots: int
     users: list  # dicts: username, group, files, bytes, in_flight, share; most files first
     users_with_work: int
-    groups: list  # dicts: group, users, files, bytes, in_flight, share
+    groups: list  # dicts: group, users, files, bytes, in_flight, share, drives, reserved_drives, max_drives
     unlocated: tuple  # capped_count
     delivering: tuple  # capped_count
     series: list  # hourly_series
@@ -636,6 +653,14 @@ def live_figures(*, now):
         if group_id not in groups:
             groups[group_id] = {"group": "", "users": 0, "files": 0, "bytes": 0, "in_flight": 0, "share": 0.0}
         groups[group_id]["in_flight"] += n
+    # Drive allocation: what each group reads on now, against what an operator gave it.
+    allocation, using = drive_allocation(), drives_in_use()
+    for group_id in set(allocation) | set(using):
+        if group_id not in groups:
+            groups[group_id] = {"group": "", "users": 0, "files": 0, "bytes": 0, "in_flight": 0, "share": 0.0}
+    for group_id, row in groups.items():
+        reserved, most = allocation.get(group_id, (0, None))
+        row.update(drives=len(using.get(group_id, ())), reserved_drives=reserved, max_drives=most)
     missing = [g for g, row in groups.items() if g is not None and not row["group"]]
     for group_id, name in Group.objects.filter(id__in=missing).values_list("id", "name"):
         groups[group_id]["group"] = name

@@ -21,9 +21,9 @@ from carousel.plugins import resolve
 from carousel.tape import MEDIA, mount_profile
 
 from .sharing import GroupLimit, UserDemand
-from .sorting import Candidate, Params, TapeInfo
+from .sorting import Candidate, Params, TapeInfo, in_read_order
 
-_COLUMNS = "id, user_id, tape_id, position, size, priority, created_at"
+_COLUMNS = "id, user_id, tape_id, position, size, priority, created_at, group_id"
 # Requests on a quarantined tape wait: no retries against a bad cartridge (few tapes are).
 _NOT_QUARANTINED = "tape_id NOT IN (SELECT id FROM carousel_tape WHERE quarantined_at IS NOT NULL)"
 _READY = f"state = 'queued' AND tape_id IS NOT NULL AND {_NOT_QUARANTINED}"
@@ -117,35 +117,77 @@ def select(*, now, control, sort, share, slots, most_slots=None):
     heap = [(_virtual(held[u], weights.get(u, 0.0)), u) for u in queues]
     heapq.heapify(heap)
     remaining = slots
+    taken = set()  # requests chosen already (as another user's riders)
     while heap and remaining > 0:
         _, user = heapq.heappop(heap)
-        run = queues[user].popleft()
+        run = [c for c in queues[user].popleft() if c.id not in taken]
+        if not run:
+            if queues[user]:
+                heapq.heappush(heap, (_virtual(held[user], weights.get(user, 0.0)), user))
+            continue
         group = limits.group[user]
         fit = min(remaining, group_room.get(group, remaining))
         # A policy that keeps tapes whole needs room for all the user's ready files on the
         # tape, not only those its pool held (the pool may have been cut by the slots), as far
-        # as the user's and group's caps would ever let them go together.
+        # as the user's and group's caps would ever let them go together; and for the other
+        # users' ready files on it, which ride along in the same mount (a tape two users want
+        # is mounted once, not once per user's turn, hours apart).
         need = len(run)
         if sort.whole_tapes:
             most = min(result.tapes[run[0].tape].user_files.get(user, 0), limits.user_room[user],
                        limits.group_limits.get(group, (None, need))[1])
             need = max(need, most)
+        riders = {}
         if need > fit:
             if fit <= 0:
                 continue  # this user's group is full: the others go on
             if result.chosen or need <= most_slots:
                 break  # a whole tape waits for its turn at a later cycle, when slots free up
             run = run[:fit]
-        result.chosen.extend(run)
-        result.allotments[user] = result.allotments.get(user, 0) + len(run)
-        remaining -= len(run)
-        if group in group_room:
-            group_room[group] -= len(run)
-        held[user] += run_seconds(run, result.tapes)
+        elif sort.whole_tapes:
+            riders = _riders(result.tapes[run[0].tape], user, group, len(run), limits, result.allotments,
+                             group_room, remaining - len(run))
+        along = [c for c in _candidates(db.lateral(ON_TAPE_SQL, [(u, run[0].tape, n) for u, n in riders.items()]),
+                                        now) if c.id not in taken] if riders else []
+        seconds = run_seconds(in_read_order([*run, *along], result.tapes) if along else run, result.tapes)
+        for who, theirs in [(user, run), *((u, [c for c in along if c.user == u]) for u in riders)]:
+            if not theirs:
+                continue
+            result.chosen.extend(theirs)
+            taken.update(c.id for c in theirs)
+            result.allotments[who] = result.allotments.get(who, 0) + len(theirs)
+            remaining -= len(theirs)
+            who_group = limits.group[who]
+            if who_group in group_room:
+                group_room[who_group] -= len(theirs)
+            # The mount's drive time is charged to its users by their files on it.
+            held[who] = held.get(who, 0.0) + seconds * len(theirs) / (len(run) + len(along))
         if queues[user]:
             heapq.heappush(heap, (_virtual(held[user], weights.get(user, 0.0)), user))
     result.held_s = held
     return result
+
+
+def _riders(tape, user, group, own, limits, allotments, group_room, room):
+    """{other user: how many of their ready requests on `tape` go in `user`'s mount of it (`own`
+    of theirs), within each one's cap, their group's room and the `room` left in the cycle."""
+    riders = {}
+    left = dict(group_room)
+    if group in left:
+        left[group] -= own
+    for other, files in sorted(tape.user_files.items()):
+        if other == user or other not in limits.user_room:
+            continue
+        n = min(files, limits.user_room[other] - allotments.get(other, 0), room)
+        other_group = limits.group[other]
+        if other_group in left:
+            n = min(n, left[other_group])
+        if n > 0:
+            riders[other] = n
+            room -= n
+            if other_group in left:
+                left[other_group] -= n
+    return riders
 
 
 def _virtual(held_s, weight):
@@ -238,7 +280,7 @@ def _aware(moment):
 
 def _candidates(rows, now):
     return [Candidate(id=r[0], user=r[1], tape=r[2], position=r[3] or 0, size=r[4] or 0, priority=r[5],
-                      age_s=(now - _aware(r[6])).total_seconds()) for r in rows]
+                      age_s=(now - _aware(r[6])).total_seconds(), group=r[7]) for r in rows]
 
 
 def _gather(allotments, taken, sort, now, tapes):
@@ -271,11 +313,11 @@ def _gather(allotments, taken, sort, now, tapes):
                 break  # enough files on these tapes to fill the allotment
     for c in _candidates(db.lateral(ON_TAPE_SQL, triples), now):
         pools[c.user][c.id] = c
-    _tape_info({c.tape for pool in pools.values() for c in pool.values()} - set(tapes), set(pools), now, tapes)
+    _tape_info({c.tape for pool in pools.values() for c in pool.values()} - set(tapes), now, tapes)
     return {user: list(pool.values()) for user, pool in pools.items()}
 
 
-def _tape_info(new_tapes, users, now, tapes):
+def _tape_info(new_tapes, now, tapes):
     """Fill `tapes` with what the policies need to know of each tape."""
     if not new_tapes:
         return
@@ -285,7 +327,7 @@ def _tape_info(new_tapes, users, now, tapes):
     oldest = dict(RestoreRequest.objects.filter(READY, tape_id__in=new_tapes).order_by()
                   .values_list("tape_id").annotate(m=Min("created_at")).values_list("tape_id", "m"))
     user_files = defaultdict(dict)
-    for u, t, f in TapeBacklog.objects.filter(tape_id__in=new_tapes, user_id__in=users, files__gt=0).values_list(
+    for u, t, f in TapeBacklog.objects.filter(tape_id__in=new_tapes, files__gt=0).values_list(
             "user_id", "tape_id", "files"):
         user_files[t][u] = f
     for t in new_tapes:

@@ -16,6 +16,7 @@ class Candidate:
     size: int
     priority: int
     age_s: float  # how long it has been queued
+    group: int | None = None  # the group whose share the request draws on
 
 
 @dataclass(frozen=True)

@@ -95,3 +95,34 @@ def test_the_api_reports_stager_health(as_alice, alice, now):
     assert body["state"] == "stalled" and body["reason"] == "no progress"
     assert (body["jobs_limit"], body["healthy_limit"]) == (3, 12)
     assert body["retry_queue"] == 0 and body["quarantined_tapes"] == []
+
+
+def test_a_groups_drive_allocation_is_set_in_the_admin(as_staff, charlie):
+    """Reserved and most drives are edited with the group's share; a most below the reserved
+    drives is refused with a message, and nothing is saved."""
+    from django.contrib.auth.models import Group
+
+    from carousel.models import GroupShare
+
+    group = Group.objects.get(name="production")
+    share = GroupShare.objects.get(group=group)
+    url = f"/admin/auth/group/{group.id}/change/"
+    assert b"Reserved drives" in as_staff.get(url).content
+
+    def post(reserved, most):
+        return as_staff.post(url, {
+            "name": "production",
+            "share-TOTAL_FORMS": "1", "share-INITIAL_FORMS": "1", "share-MIN_NUM_FORMS": "0",
+            "share-MAX_NUM_FORMS": "1", "share-0-id": str(share.id), "share-0-group": str(group.id),
+            "share-0-weight": "2.0", "share-0-inflight_cap": "", "share-0-reserved_drives": str(reserved),
+            "share-0-max_drives": str(most),
+            "path_prefixes-TOTAL_FORMS": "0", "path_prefixes-INITIAL_FORMS": "0",
+            "path_prefixes-MIN_NUM_FORMS": "0", "path_prefixes-MAX_NUM_FORMS": "1000"})
+
+    refused = post(3, 2)
+    assert refused.status_code == 200 and b"The most drives cannot be below the reserved drives." in refused.content
+    share.refresh_from_db()
+    assert (share.reserved_drives, share.max_drives, share.weight) == (0, None, 1.0)
+    assert post(1, 2).status_code == 302
+    share.refresh_from_db()
+    assert (share.reserved_drives, share.max_drives, share.weight) == (1, 2, 2.0)

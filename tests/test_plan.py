@@ -320,3 +320,96 @@ def test_planned_mounts_not_sent_yet_are_planned_again_with_the_last_of_a_backlo
     assert broker["mounts"] == 6  # one tape read in two pieces
     assert broker["makespan_s"] < 0.92 * eradat["makespan_s"]
     assert broker["makespan_s"] >= broker["lower_bound_s"]
+
+
+# Drive allocation ------------------------------------------------------------------------------
+
+def grouped(tapes, groups):
+    return [plan.TapeWork(t.tape, t.keys, t.pre, t.suf, g) for t, g in zip(tapes, groups)]
+
+
+def most_at_once(layout, group):
+    """The most pieces of `group` being read at one moment in `layout`."""
+    spans = [(p.start_s, p.start_s + p.seconds) for ps in layout.values() for p in ps if p.group == group]
+    return max((sum(1 for s, e in spans if s <= at < e) for at, _ in spans), default=0)
+
+
+def test_a_group_never_holds_more_than_its_most_drives():
+    rng = random.Random(5)
+    tapes = grouped([work(f"T{i}", "LTO-8", scattered(rng, 20)) for i in range(16)], ["a"] * 12 + ["b"] * 4)
+    ends = {f"d{i}": 0.0 for i in range(4)}
+    free, _ = plan.plan(ends, tapes, split=False)
+    assert most_at_once(free, "a") == 4  # without an allocation, a's turns take every drive
+    allocation = plan.Allocation({"a": (0, 2)}, {})
+    layout, span = plan.plan(ends, tapes, split=True, allocation=allocation)
+    check(ends, tapes, layout, span)
+    assert most_at_once(layout, "a") == 2
+    # b borrows the other drives while it has work; then they wait for a's mounts (a's most).
+    assert all(p.start_s == 0 for ps in layout.values() for p in ps if p.group == "b" and p.tape in ("T12", "T13"))
+
+
+def test_a_reserved_drive_goes_to_its_group_at_the_next_mount_boundary():
+    """a's turns come first and would take every drive; b has one drive reserved: the first
+    drive to free after b's work arrives is b's, and a borrows the rest."""
+    rng = random.Random(6)
+    tapes = grouped([work(f"T{i}", "LTO-8", scattered(rng, 20)) for i in range(12)], ["a"] * 9 + ["b"] * 3)
+    ends = {f"d{i}": 0.0 for i in range(3)}
+    without, _ = plan.plan(ends, tapes, split=False)
+    first_b = min(p.start_s for ps in without.values() for p in ps if p.group == "b")
+    layout, span = plan.plan(ends, tapes, split=False, allocation=plan.Allocation({"b": (1, None)}, {}))
+    check(ends, tapes, layout, span)
+    assert min(p.start_s for ps in layout.values() for p in ps if p.group == "b") == 0.0 < first_b
+    assert most_at_once(layout, "b") == 1  # reserved one, and a's turns come first for the rest
+    # a borrows the other two while b has work, and all three once b's is done.
+    b_last = max(p.start_s for ps in layout.values() for p in ps if p.group == "b")
+    a_starts = sorted(p.start_s for ps in layout.values() for p in ps if p.group == "a")
+    assert a_starts[:2] == [0.0, 0.0] and any(s > b_last for s in a_starts)
+
+
+def test_committed_work_counts_against_the_most():
+    """Mounts already on the chains (busy) count: a group reading on two drives until 1000 s
+    gets no third one before then."""
+    rng = random.Random(7)
+    tapes = grouped([work(f"T{i}", "LTO-8", scattered(rng, 10)) for i in range(2)], ["a", "a"])
+    ends = {"d0": 1000.0, "d1": 1000.0, "d2": 0.0}
+    busy = {"d0": [(0.0, 1000.0, "a")], "d1": [(0.0, 1000.0, "a")]}
+    layout, _ = plan.plan(ends, tapes, split=False, allocation=plan.Allocation({"a": (0, 2)}, busy))
+    assert min(p.start_s for ps in layout.values() for p in ps) == 1000.0
+
+
+def test_drive_allocation_applies_at_the_next_cycle_and_shows_on_the_live_page(planned, alice, charlie):
+    """An operator limits production to one drive: from the next cycle on, its mounts go to
+    the stager one at a time (the other drives take analysis' work, or wait); raised to
+    three, production reads on more drives at the next cycle. The live page shows both."""
+    from carousel import selectors
+    from carousel.models import GroupShare
+
+    now = planned
+    tapes = {f"P{t}": [(f"/d/P{t}/f{i}", i * 200 * GB, 20 * GB) for i in range(8)] for t in range(5)}
+    tapes.update({f"A{t}": [(f"/d/A{t}/f{i}", i * 200 * GB, 20 * GB) for i in range(8)] for t in range(2)})
+    stager, clock = library_stager(3, tapes)
+    production = GroupShare.objects.get(group__name="production")
+    production.max_drives = 1
+    production.save()
+    restore_submit(user=charlie, paths=[p for t in range(5) for p, _, _ in tapes[f"P{t}"]], now=now)
+    restore_submit(user=alice, paths=[p for t in range(2) for p, _, _ in tapes[f"A{t}"]], now=now)
+
+    def reading(group):
+        return len(selectors.drives_in_use().get(group.id, ()))
+
+    most = 0
+    for _ in range(100):
+        run_cycle(now=now + timedelta(seconds=clock[0]), stager=stager)
+        most = max(most, reading(production.group))
+        clock[0] += 10
+    assert most == 1
+    row = next(g for g in selectors.live_figures(now=now).groups if g["group"] == "production")
+    assert (row["drives"], row["reserved_drives"], row["max_drives"]) == (1, 0, 1)
+    production.max_drives = 3
+    production.save()
+    for _ in range(60):
+        run_cycle(now=now + timedelta(seconds=clock[0]), stager=stager)
+        most = max(most, reading(production.group))
+        clock[0] += 10
+    assert most >= 2
+    assert run_until(stager, clock, now, all_done, limit=60_000)

@@ -268,3 +268,23 @@ def test_an_overdue_backlog_still_goes_tape_by_tape(alice, now):
     run_cycle(now=now + timedelta(hours=5), stager=stager)
     assert len(stager.sent) == 1 and len(stager.sent[0].paths) == 4
     assert len({where[p][0] for p in stager.sent[0].paths}) == 1  # one tape, whole
+
+
+def test_a_tape_two_users_want_is_chosen_whole_in_one_turn(alice, charlie, bob, now):
+    """Alice's turn on a tape takes bob's ready files on it too (within his cap): the tape is
+    mounted once, not once per user's turn, possibly hours apart."""
+    control(share_policy="EQUAL", sort_policy="TAPEID", files_per_job=10, jobs_in_flight=1, choose_per_cycle=8)
+    # Tape S: 4 of alice's files and 4 of bob's; charlie's 8 on tape C. Alice's turn comes
+    # first (lowest id), then charlie's (created before bob), whose whole tape does not fit
+    # in what is left of the cycle's 8 (and files stay in flight here: no room after).
+    where = {**{f"/a/{i}": ("S", i * GB) for i in range(4)}, **{f"/b/{i}": ("S", (10 + i) * GB) for i in range(4)},
+             **{f"/c/{i}": ("C", i * GB) for i in range(8)}}
+    submit_at(alice, now, [f"/a/{i}" for i in range(4)])
+    submit_at(bob, now, [f"/b/{i}" for i in range(4)])
+    submit_at(charlie, now, [f"/c/{i}" for i in range(8)])
+    stager = MapStager(where)
+    for k in range(3):
+        run_cycle(now=now + timedelta(seconds=k), stager=stager)
+    on_s = [job for job in stager.sent if where[job.paths[0]][0] == "S"]
+    assert len(on_s) == 1
+    assert sorted(on_s[0].paths) == sorted([*(f"/a/{i}" for i in range(4)), *(f"/b/{i}" for i in range(4))])
