@@ -41,6 +41,11 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     if byte_budget is not None:
         selection.chosen = _within(selection.chosen, byte_budget)
     if not selection.chosen:
+        if drives is not None and drives.rebalance_due():
+            # The final round laid out again (MountPlanner._take_back): the same requests on
+            # new jobs, none newly submitted.
+            with transaction.atomic():
+                _make_jobs([], {}, {}, now=now, control=control, drives=drives)
         return []
     staged_elsewhere = RestoreRequest.objects.filter(path_key=OuterRef("path_key"), state__in=IN_FLIGHT_STATES)
     with transaction.atomic():

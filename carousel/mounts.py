@@ -82,7 +82,8 @@ class MountPlanner:
         keys = [f[1] for files in ordered.values() for f in files]
         split = not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists() and not any_unlocated()
         # The chains' last mounts taken back come first: their turns came before this cycle's.
-        replanned = self._take_back(ordered, tapes) if split else []
+        groups = {} if groups is None else groups
+        replanned = self._take_back(ordered, tapes, groups) if split else []
         order = [*replanned, *(tape for tape in ordered if tape not in set(replanned))]
         replanned = set(replanned)
         chains = self._chains()
@@ -126,7 +127,7 @@ class MountPlanner:
                 pieces.append(self._short(tape_id, files, pre[-1], chains, group, control))
             else:
                 work.setdefault(group, []).append(plan.TapeWork(tape_id, tuple(range(len(files))), tuple(pre),
-                                                                tuple(suf), (groups or {}).get(tape_id)))
+                                                                tuple(suf), groups.get(tape_id)))
         limits = drive_allocation()
         for group, tape_work in work.items():
             ends = {name: c.end_s for name, c in chains.items() if name.startswith(f"{group}/")}
@@ -165,7 +166,20 @@ class MountPlanner:
         chain.front = planned
         return planned
 
-    def _take_back(self, ordered, tapes):
+    def rebalance_due(self):
+        """Whether the final round should be laid out again although nothing new was chosen:
+        nothing waits to be chosen or located, a drive has nothing planned, and a long mount
+        waits on a chain. (The final round was planned from estimates, maybe hours before;
+        the drives must still finish together.)"""
+        open_jobs = Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
+        used = set(open_jobs.values_list("chain", flat=True).distinct())
+        if all(f"{media}/{i}" in used for media, n in self.drives.items() for i in range(n)):
+            return False
+        if not open_jobs.filter(state=JobState.PENDING, jumps_queue=False).exists():
+            return False
+        return not RestoreRequest.objects.filter(READY).exists() and not any_unlocated()
+
+    def _take_back(self, ordered, tapes, groups):
         """Take the last long mount planned on each drive's chain, when none of it is sent yet,
         back into this cycle's work: plan.plan lays the final round out again with it, so the
         drives finish together however the estimates and this cycle's new work came out. The
@@ -177,11 +191,11 @@ class MountPlanner:
         planned; `self.taken_back` holds their jobs. Bounded by the drives."""
         open_jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
                          .order_by("created_at", "rank")
-                         .values_list("id", "tape_id", "state", "after_id", "jumps_queue", "chain"))
+                         .values_list("id", "tape_id", "state", "after_id", "jumps_queue", "chain", "group_id"))
         row_of = {row[0]: row for row in open_jobs}
         followed = {row[3] for row in open_jobs}
         ends = set()
-        for job, tape, _, _, _, chain in open_jobs:
+        for job, tape, _, _, _, chain, _ in open_jobs:
             if job in followed:
                 continue
             row = row_of[job]
@@ -194,10 +208,12 @@ class MountPlanner:
             of_tape.setdefault(tape, set()).add(job)
         back = {job for job in ends if of_tape[row_of[job][1]] <= ends}
         self.taken_back = back
+        for job in back:
+            groups.setdefault(row_of[job][1], row_of[job][6])
         if not back:
             return []
         after_of = {job: row[3] for job, row in row_of.items()}
-        for job, _, _, after, _, _ in open_jobs:
+        for job, _, _, after, _, _, _ in open_jobs:
             if job not in back and after in back:
                 while after in back:
                     after = after_of.get(after)

@@ -413,3 +413,35 @@ def test_drive_allocation_applies_at_the_next_cycle_and_shows_on_the_live_page(p
         clock[0] += 10
     assert most >= 2
     assert run_until(stager, clock, now, all_done, limit=60_000)
+
+
+def test_a_drive_that_frees_early_takes_a_mount_waiting_on_another_chain(planned, alice):
+    """The final round was laid out from estimates; when a drive runs out of work while a long
+    mount still waits on another drive's chain, the next cycle lays the final round out again
+    and that mount goes to the free drive, without waiting for new work to be chosen."""
+    from carousel.services import request_transition
+    from tests.site_plugins import MapStager
+
+    now = planned
+    Control.objects.filter(id=1).update(drives=2, short_mount_s=0)  # every mount a long one here
+    where = {f"/d/T{t}/f{i}": (f"T{t}", i * 300 * GB) for t in range(4) for i in range(10)}
+    stager = MapStager(where, media="LTO-8")  # files stay in flight until the test ends them
+    restore_submit(user=alice, paths=list(where), now=now)
+    run_cycle(now=now, stager=stager)
+    chains = {}
+    for job in Job.objects.exclude(chain=""):
+        chains.setdefault(job.chain, []).append(job)
+    assert len(chains) == 2 and all(len(jobs) == 2 for jobs in chains.values())
+    # One drive finishes both its mounts at once (faster than its estimates).
+    early, late = sorted(chains)
+    done = RestoreRequest.objects.filter(job__chain=early)
+    request_transition(done, "staging", now=now)
+    request_transition(RestoreRequest.objects.filter(job__chain=early), "done", now=now)
+    Job.objects.filter(chain=early).update(state=JobState.DONE, finished_at=now)
+    (waiting,) = [j for j in chains[late] if j.state == JobState.PENDING]
+    report = run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert report.submitted == 0  # nothing new: the same requests on a new job
+    moved = Job.objects.get(tape=waiting.tape, state__in=[JobState.PENDING, JobState.SENT])
+    assert moved.chain == early and moved.state == JobState.SENT
+    assert RestoreRequest.objects.filter(job=moved).count() == 10
+    assert not Job.objects.filter(id=waiting.id).exists()
