@@ -1,0 +1,92 @@
+"""Claiming writes each request's job and place in it with UPDATEs that join a list of (file,
+job, rank) (carousel/db.py update_joined): a file must get the job and the rank it is sent
+with, whoever asked for it, and the claim must stamp the request as a transition does."""
+import random
+from collections import Counter
+
+import pytest
+
+from carousel import db
+from carousel.claiming import claim_jobs
+from carousel.locating import locate_requests
+from carousel.models import Control, Job, RestoreRequest, Transition
+from carousel.mounts import MountPlanner
+from carousel.services import request_transition, restore_submit
+from carousel.tape import GB
+from policies.selection import share_policy, sort_policy
+from tests.test_plan import library_stager
+
+
+@pytest.fixture
+def control(db):
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 3, "jobs_in_flight": 3, "sort_policy": "TAPEID",
+                                                     "share_policy": "EQUAL", "mount_min_files": 1})
+    return Control.get()
+
+
+def test_each_claimed_request_gets_the_job_and_the_rank_its_file_is_sent_with(control, now, alice, bob):
+    # Two tapes of 7 files each whose places on tape are shuffled against their names, asked
+    # for in another shuffled order: each tape's files are cut into several jobs of 3, and a
+    # job's files interleave with the other jobs' in the order of the keys and of the rows.
+    rng = random.Random(7)
+    tapes = {}
+    for label in ("T1", "T2"):
+        offsets = rng.sample(range(40), 7)
+        tapes[label] = [(f"/d/{label}/f{i}", offsets[i] * 100 * GB, 5 * GB) for i in range(7)]
+    paths = [p for entries in tapes.values() for p, _, _ in entries]
+    rng.shuffle(paths)
+    restore_submit(user=alice, paths=paths, now=now)
+    # Bob asks for some of the same files: his requests ride along in alice's jobs.
+    restore_submit(user=bob, paths=paths[::2], now=now)
+    stager, _ = library_stager(2, tapes)
+    locate_requests(now=now, stager=stager, limit=100, control=control)
+    specs = claim_jobs(now=now, control=control, sort=sort_policy("TAPEID"), share=share_policy("EQUAL"),
+                       drives=MountPlanner.from_status(stager.status(), control))
+    jobs_of_tape = Counter(Job.objects.get(id=s.id).tape_id for s in specs)
+    assert max(jobs_of_tape.values()) >= 2  # two jobs on one tape at least
+    assert any(len(s.paths) > 1 for s in specs)
+
+    sent = {path: (spec.id, rank) for spec in specs for rank, path in enumerate(spec.paths)}
+    for r in RestoreRequest.objects.all():
+        if r.path in sent:
+            assert (str(r.job_id), r.job_rank) == sent[r.path], r.path
+            assert r.state == "submitted" and r.attempts == 1
+            assert r.submitted_at == now and r.updated_at == now
+            assert list(r.transitions.values_list("from_state", "to_state")) == [("queued", "submitted")]
+        else:  # not chosen this cycle (the window is N x K files): untouched
+            assert r.state == "queued" and r.job_id is None and r.attempts == 0 and not r.transitions.exists()
+    assert RestoreRequest.objects.filter(user=bob, state="submitted").exists()
+    assert RestoreRequest.objects.filter(state="queued").exists()
+
+
+def test_a_joined_transition_moves_only_the_listed_requests_the_transition_allows(control, now, alice, bob):
+    restore_submit(user=alice, paths=["/d/a", "/d/b", "/d/c"], now=now)
+    restore_submit(user=bob, paths=["/d/b"], now=now)
+    a, b, c = (RestoreRequest.objects.get(user=alice, path=p) for p in ("/d/a", "/d/b", "/d/c"))
+    job1, job2 = Job.objects.create(created_at=now), Job.objects.create(created_at=now)
+    # a already left the queue: SUBMITTED is not allowed from where it is.
+    request_transition(RestoreRequest.objects.filter(id=a.id), "cancelled", now=now)
+    moved = request_transition(RestoreRequest.objects.filter(state="queued"), "submitted", now=now,
+                               joined=(("path_key",), ("job_id", "job_rank"),
+                                       [(a.path_key, job1.id, 0), (b.path_key, job2.id, 5)]))
+    assert moved == 2  # alice's and bob's b
+    assert set(RestoreRequest.objects.filter(job=job2).values_list("user__username", "job_rank", "state",
+                                                                    "attempts")) == {
+        ("alice", 5, "submitted", 1), ("bob", 5, "submitted", 1)}
+    a.refresh_from_db()
+    c.refresh_from_db()
+    assert a.state == "cancelled" and a.job_id is None
+    assert c.state == "queued" and c.job_id is None
+    assert Transition.objects.filter(to_state="submitted").count() == 2
+
+
+def test_update_joined_matches_on_every_key_field(control, now):
+    # The chains' links: a job is relinked only where both its chain and the job it follows match.
+    old, new = Job.objects.create(created_at=now), Job.objects.create(created_at=now)
+    same = Job.objects.create(created_at=now, chain="LTO-8/0", after=old)
+    other_chain = Job.objects.create(created_at=now, chain="LTO-8/1", after=old)
+    assert db.update_joined(Job.objects.all(), ("chain", "after_id"), ("after_id",), [("LTO-8/0", old.id, new.id)]) == 1
+    same.refresh_from_db()
+    other_chain.refresh_from_db()
+    assert same.after_id == new.id and other_chain.after_id == old.id
+    assert db.update_joined(Job.objects.all(), ("chain",), ("after_id",), []) == 0
