@@ -3,13 +3,15 @@ job, rank) (carousel/db.py update_joined): a file must get the job and the rank 
 with, whoever asked for it, and the claim must stamp the request as a transition does."""
 import random
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 
 from carousel import db
 from carousel.claiming import claim_jobs
 from carousel.locating import locate_requests
-from carousel.models import Control, Job, RestoreRequest, Transition
+from carousel.loop import run_cycle
+from carousel.models import Control, Job, JobState, RestoreRequest, Transition
 from carousel.mounts import MountPlanner
 from carousel.services import request_transition, restore_submit
 from carousel.tape import GB
@@ -90,3 +92,39 @@ def test_update_joined_matches_on_every_key_field(control, now):
     other_chain.refresh_from_db()
     assert same.after_id == new.id and other_chain.after_id == old.id
     assert db.update_joined(Job.objects.all(), ("chain",), ("after_id",), []) == 0
+
+
+def test_short_mounts_put_first_keep_each_drive_a_single_line_of_jobs(control, now, alice, bob):
+    # One drive: alice's long mounts fill its chain, one on the drive and one waiting; then two
+    # short mounts of bob's in one cycle go before the waiting one. The chain must stay a line:
+    # the drive's mount, bob's two, then alice's waiting mount (each job followed by one job at
+    # most), which takes several relinks resolved together in one UPDATE.
+    Control.objects.filter(id=1).update(files_per_job=10, jobs_in_flight=3, choose_per_cycle=20, short_mount_s=300,
+                                        preempt_after_s=0)
+    long_tapes = {f"L{t}": [(f"/d/L{t}/f{i}", i * 200 * GB, 20 * GB) for i in range(10)] for t in range(4)}
+    stager, clock = library_stager(1, {**long_tapes, "S1": [("/d/S1/one", 0, 2 * GB)],
+                                       "S2": [("/d/S2/one", 0, 2 * GB)]})
+    restore_submit(user=alice, paths=[p for entries in long_tapes.values() for p, _, _ in entries], now=now)
+    run_cycle(now=now, stager=stager)
+    first = set(Job.objects.values_list("id", flat=True))
+    waiting = set(Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True))
+    assert len(first) == 2 and len(waiting) == 1
+    clock[0] = 10.0
+    later = now + timedelta(seconds=10)
+    restore_submit(user=bob, paths=["/d/S1/one", "/d/S2/one"], now=later)
+    run_cycle(now=later, stager=stager)
+    jobs = {j.id: j for j in Job.objects.all()}
+    shorts = [j for j in jobs.values() if j.jumps_queue]
+    assert len(shorts) == 2
+    followers = Counter(j.after_id for j in jobs.values() if j.after_id)
+    assert max(followers.values()) == 1  # a line, not a fork
+    (head,) = [j for j in jobs.values() if j.state == JobState.SENT]
+    line, current = [head.id], head.id
+    following = {j.after_id: j.id for j in jobs.values() if j.after_id}
+    while current in following:
+        current = following[current]
+        line.append(current)
+    assert set(line) == set(jobs)
+    # Bob's two right after the drive's mount, alice's waiting one after them.
+    assert {jobs[j].jumps_queue for j in line[1:3]} == {True}
+    assert line[3] in waiting
