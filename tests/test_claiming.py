@@ -6,6 +6,8 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import User
+from django.db import connection
 
 from carousel import db
 from carousel.claiming import claim_jobs
@@ -128,3 +130,48 @@ def test_short_mounts_put_first_keep_each_drive_a_single_line_of_jobs(control, n
     # Bob's two right after the drive's mount, alice's waiting one after them.
     assert {jobs[j].jumps_queue for j in line[1:3]} == {True}
     assert line[3] in waiting
+
+
+def _tuplestore_nested_loops(plan):
+    """Nested loops in an auto_explain plan whose inner side scans a transition table."""
+    lines = plan.splitlines()
+    found = 0
+    for i, line in enumerate(lines):
+        if "Nested Loop" in line:
+            depth = len(line) - len(line.lstrip(" ->"))
+            below = []
+            for child in lines[i + 1:]:
+                if child.strip() and len(child) - len(child.lstrip(" ->")) <= depth:
+                    break
+                below.append(child)
+            found += sum("Named Tuplestore Scan" in child for child in below) >= 2
+    return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_triggers_join_a_large_update_without_a_nested_loop_whatever_the_sessions_first(now):
+    # The history and counter triggers join the UPDATE's old and new rows on id; PostgreSQL
+    # plans that join once per session. The session's first UPDATE changes no row here, and
+    # the claim after it changes 300: their join must not be a nested loop (300 x 300 rows).
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 100})
+    alice = User.objects.create_user("alice-fresh")
+    restore_submit(user=alice, paths=[f"/d/big/f{i}" for i in range(300)], now=now)
+    job = Job.objects.create(created_at=now)
+    keys = list(RestoreRequest.objects.values_list("path_key", flat=True))
+    connection.close()  # a new session: no plan cached yet
+    notices = []
+    with connection.cursor() as cursor:
+        cursor.connection.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        RestoreRequest.objects.filter(path="/d/none").update(updated_at=now)
+        for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                        "auto_explain.log_level = notice"):
+            cursor.execute(f"SET {setting}")
+        cursor.execute("LOAD 'auto_explain'")
+        moved = request_transition(RestoreRequest.objects.filter(state="queued"), "submitted", now=now,
+                                   joined=(("path_key",), ("job_id", "job_rank"), [(k, job.id, 0) for k in keys]))
+        cursor.execute("SET auto_explain.log_min_duration = -1")
+    assert moved == 300
+    joins = [n for n in notices if "JOIN old_rows o ON o.id = n.id" in n]
+    assert len(joins) >= 3  # history, state counters, usage
+    assert sum(_tuplestore_nested_loops(n) for n in joins) == 0
+    assert Transition.objects.filter(to_state="submitted").count() == 300
