@@ -3,13 +3,14 @@ jobs (laid out on the drives' chains by mounts.MountPlanner when the drive count
 from collections import Counter
 
 from django.db import transaction
-from django.db.models import Case, Exists, OuterRef, PositiveIntegerField, Sum, UUIDField, Value, When
+from django.db.models import Exists, OuterRef, Sum
 
 from policies.selection import EXCHANGE_S, select
 from policies.sorting import in_read_order
 
-from .models import IN_FLIGHT_STATES, Account, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
+from .db import insert_rows, update_joined
 from .locating import any_unlocated
+from .models import IN_FLIGHT_STATES, Account, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
 from .mounts import Planned
 from .services import request_transition
 from .stagers.base import JobSpec
@@ -92,7 +93,7 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     """Tapes in the order the policies chose them; each tape's files in read order, at most
     N (control.files_per_job) distinct files per job. With `drives`, each tape's work is a piece of a
     drive's chain (MountPlanner); a piece longer than N files is several jobs sent together.
-    All jobs in one INSERT, all claims in one UPDATE."""
+    All jobs in one INSERT, all claims in one UPDATE, the chains' links in one more."""
     by_tape = {}
     for c in chosen:
         by_tape.setdefault(c.tape, []).append(c)
@@ -127,26 +128,32 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
             piece.last_job = job.id
     if not jobs:
         return []
-    Job.objects.bulk_create([job for job, _ in jobs])
+    # By COPY on PostgreSQL (db.insert_rows): a cycle makes up to a job per claimed file.
+    columns = [f.attname for f in Job._meta.concrete_fields]
+    insert_rows(Job, columns, ([getattr(job, c) for c in columns] for job, _ in jobs), ids=False)
+    # Each file's job and its place in it, for the UPDATEs that join them (db.update_joined).
+    placed = [(key, job, rank_of_key[key]) for key, job in job_of_key.items()]
     taken_back = drives.taken_back if drives is not None else set()
     if taken_back:  # planned again (MountPlanner.lay_out): their requests move to the new jobs
-        moved = RestoreRequest.objects.filter(job_id__in=list(taken_back), state__in=IN_FLIGHT_STATES)
-        moved.update(job_id=Case(*[When(path_key=k, then=Value(j)) for k, j in job_of_key.items()],
-                                 output_field=UUIDField()),
-                     job_rank=Case(*[When(path_key=k, then=Value(r)) for k, r in rank_of_key.items()],
-                                   output_field=PositiveIntegerField()))
+        update_joined(RestoreRequest.objects.filter(job_id__in=list(taken_back), state__in=IN_FLIGHT_STATES),
+                      ("path_key",), ("job_id", "job_rank"), placed)
         Job.objects.filter(id__in=list(taken_back)).delete()
+    # A short mount put before the long ones: the long ones that followed what it follows now
+    # follow it (and a later short one on the same chain, which follows the earlier one, takes
+    # them over in turn). Resolved here in piece order, written in one UPDATE.
+    relinked = {}  # (chain, job followed before this cycle) -> job followed now
+    holders = {}  # (chain, job followed now) -> the jobs followed before that moved to it
     for piece in pieces:
         if piece.jumps and piece.after is not None:
-            # A short mount put before the long ones: the long ones that followed what it
-            # follows now follow it.
             before = piece.after.last_job if isinstance(piece.after, Planned) else piece.after
-            Job.objects.filter(state=JobState.PENDING, after_id=before, chain=piece.chain,
-                               jumps_queue=False).exclude(created_at=now).update(after_id=piece.last_job)
+            moved = holders.pop((piece.chain, before), [])
+            if (piece.chain, before) not in relinked:  # its followers have not moved yet
+                moved.append(before)
+            relinked.update(((piece.chain, old), piece.last_job) for old in moved)
+            holders.setdefault((piece.chain, piece.last_job), []).extend(moved)
+    update_joined(Job.objects.filter(state=JobState.PENDING, jumps_queue=False).exclude(created_at=now),
+                  ("chain", "after_id"), ("after_id",), [(*key, job) for key, job in relinked.items()])
     # Other users' queued requests for the same files ride along in the same stage.
-    request_transition(RestoreRequest.objects.filter(path_key__in=list(job_of_key), state=S.QUEUED), S.SUBMITTED,
-                       now=now, job_id=Case(*[When(path_key=k, then=Value(j)) for k, j in job_of_key.items()],
-                                            output_field=UUIDField()),
-                       job_rank=Case(*[When(path_key=k, then=Value(r)) for k, r in rank_of_key.items()],
-                                     output_field=PositiveIntegerField()))
+    request_transition(RestoreRequest.objects.filter(state=S.QUEUED), S.SUBMITTED, now=now,
+                       joined=(("path_key",), ("job_id", "job_rank"), placed))
     return [JobSpec(id=str(job.id), paths=[f[0] for f in part]) for job, part in jobs]

@@ -22,10 +22,13 @@ MIN_PIN_LIFETIME = timedelta(seconds=1)
 MAX_PIN_LIFETIME = timedelta(days=365)
 
 
-def request_transition(queryset, to, *, now, **fields):
+def request_transition(queryset, to, *, now, joined=None, **fields):
     """Move the requests of `queryset` to state `to`, guarded: only rows whose current state
     may lead to `to` change, in one UPDATE, so a lost race changes nothing. Returns the count.
-    The history row is written by the database trigger on the state column."""
+    The history row is written by the database trigger on the state column. `joined`: (on,
+    columns, rows) for db.update_joined: only the requests that match a row of `rows` on the
+    fields `on` move, each taking that row's values for `columns` (a claim: each file's job
+    and rank), still in one UPDATE."""
     stamps = {"updated_at": now}
     if to == S.SUBMITTED:
         stamps.update(submitted_at=now, attempts=F("attempts") + 1)
@@ -40,7 +43,10 @@ def request_transition(queryset, to, *, now, **fields):
         # A pin runs from the moment the copy is there (carousel/pins.py); none without a lifetime.
         stamps.update(error_class=ErrorClass.NONE, last_error="",
                       pin_until=ExpressionWrapper(Value(now) + F("pin_lifetime"), output_field=DateTimeField()))
-    return queryset.filter(state__in=ALLOWED_FROM[to]).update(state=to, **stamps, **fields)
+    queryset = queryset.filter(state__in=ALLOWED_FROM[to])
+    if joined is not None:
+        return db.update_joined(queryset, *joined, state=to, **stamps, **fields)
+    return queryset.update(state=to, **stamps, **fields)
 
 
 def account_for(user):

@@ -1,0 +1,177 @@
+"""Claiming writes each request's job and place in it with UPDATEs that join a list of (file,
+job, rank) (carousel/db.py update_joined): a file must get the job and the rank it is sent
+with, whoever asked for it, and the claim must stamp the request as a transition does."""
+import random
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+
+from carousel import db
+from carousel.claiming import claim_jobs
+from carousel.locating import locate_requests
+from carousel.loop import run_cycle
+from carousel.models import Control, Job, JobState, RestoreRequest, Transition
+from carousel.mounts import MountPlanner
+from carousel.services import request_transition, restore_submit
+from carousel.tape import GB
+from policies.selection import share_policy, sort_policy
+from tests.test_plan import library_stager
+
+
+@pytest.fixture
+def control(db):
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 3, "jobs_in_flight": 3, "sort_policy": "TAPEID",
+                                                     "share_policy": "EQUAL", "mount_min_files": 1})
+    return Control.get()
+
+
+def test_each_claimed_request_gets_the_job_and_the_rank_its_file_is_sent_with(control, now, alice, bob):
+    # Two tapes of 7 files each whose places on tape are shuffled against their names, asked
+    # for in another shuffled order: each tape's files are cut into several jobs of 3, and a
+    # job's files interleave with the other jobs' in the order of the keys and of the rows.
+    rng = random.Random(7)
+    tapes = {}
+    for label in ("T1", "T2"):
+        offsets = rng.sample(range(40), 7)
+        tapes[label] = [(f"/d/{label}/f{i}", offsets[i] * 100 * GB, 5 * GB) for i in range(7)]
+    paths = [p for entries in tapes.values() for p, _, _ in entries]
+    rng.shuffle(paths)
+    restore_submit(user=alice, paths=paths, now=now)
+    # Bob asks for some of the same files: his requests ride along in alice's jobs.
+    restore_submit(user=bob, paths=paths[::2], now=now)
+    stager, _ = library_stager(2, tapes)
+    locate_requests(now=now, stager=stager, limit=100, control=control)
+    specs = claim_jobs(now=now, control=control, sort=sort_policy("TAPEID"), share=share_policy("EQUAL"),
+                       drives=MountPlanner.from_status(stager.status(), control))
+    jobs_of_tape = Counter(Job.objects.get(id=s.id).tape_id for s in specs)
+    assert max(jobs_of_tape.values()) >= 2  # two jobs on one tape at least
+    assert any(len(s.paths) > 1 for s in specs)
+
+    sent = {path: (spec.id, rank) for spec in specs for rank, path in enumerate(spec.paths)}
+    for r in RestoreRequest.objects.all():
+        if r.path in sent:
+            assert (str(r.job_id), r.job_rank) == sent[r.path], r.path
+            assert r.state == "submitted" and r.attempts == 1
+            assert r.submitted_at == now and r.updated_at == now
+            assert list(r.transitions.values_list("from_state", "to_state")) == [("queued", "submitted")]
+        else:  # not chosen this cycle (the window is N x K files): untouched
+            assert r.state == "queued" and r.job_id is None and r.attempts == 0 and not r.transitions.exists()
+    assert RestoreRequest.objects.filter(user=bob, state="submitted").exists()
+    assert RestoreRequest.objects.filter(state="queued").exists()
+
+
+def test_a_joined_transition_moves_only_the_listed_requests_the_transition_allows(control, now, alice, bob):
+    restore_submit(user=alice, paths=["/d/a", "/d/b", "/d/c"], now=now)
+    restore_submit(user=bob, paths=["/d/b"], now=now)
+    a, b, c = (RestoreRequest.objects.get(user=alice, path=p) for p in ("/d/a", "/d/b", "/d/c"))
+    job1, job2 = Job.objects.create(created_at=now), Job.objects.create(created_at=now)
+    # a already left the queue: SUBMITTED is not allowed from where it is.
+    request_transition(RestoreRequest.objects.filter(id=a.id), "cancelled", now=now)
+    moved = request_transition(RestoreRequest.objects.filter(state="queued"), "submitted", now=now,
+                               joined=(("path_key",), ("job_id", "job_rank"),
+                                       [(a.path_key, job1.id, 0), (b.path_key, job2.id, 5)]))
+    assert moved == 2  # alice's and bob's b
+    assert set(RestoreRequest.objects.filter(job=job2).values_list("user__username", "job_rank", "state",
+                                                                    "attempts")) == {
+        ("alice", 5, "submitted", 1), ("bob", 5, "submitted", 1)}
+    a.refresh_from_db()
+    c.refresh_from_db()
+    assert a.state == "cancelled" and a.job_id is None
+    assert c.state == "queued" and c.job_id is None
+    assert Transition.objects.filter(to_state="submitted").count() == 2
+
+
+def test_update_joined_matches_on_every_key_field(control, now):
+    # The chains' links: a job is relinked only where both its chain and the job it follows match.
+    old, new = Job.objects.create(created_at=now), Job.objects.create(created_at=now)
+    same = Job.objects.create(created_at=now, chain="LTO-8/0", after=old)
+    other_chain = Job.objects.create(created_at=now, chain="LTO-8/1", after=old)
+    assert db.update_joined(Job.objects.all(), ("chain", "after_id"), ("after_id",), [("LTO-8/0", old.id, new.id)]) == 1
+    same.refresh_from_db()
+    other_chain.refresh_from_db()
+    assert same.after_id == new.id and other_chain.after_id == old.id
+    assert db.update_joined(Job.objects.all(), ("chain",), ("after_id",), []) == 0
+
+
+def test_short_mounts_put_first_keep_each_drive_a_single_line_of_jobs(control, now, alice, bob):
+    # One drive: alice's long mounts fill its chain, one on the drive and one waiting; then two
+    # short mounts of bob's in one cycle go before the waiting one. The chain must stay a line:
+    # the drive's mount, bob's two, then alice's waiting mount (each job followed by one job at
+    # most), which takes several relinks resolved together in one UPDATE.
+    Control.objects.filter(id=1).update(files_per_job=10, jobs_in_flight=3, choose_per_cycle=20, short_mount_s=300,
+                                        preempt_after_s=0)
+    long_tapes = {f"L{t}": [(f"/d/L{t}/f{i}", i * 200 * GB, 20 * GB) for i in range(10)] for t in range(4)}
+    stager, clock = library_stager(1, {**long_tapes, "S1": [("/d/S1/one", 0, 2 * GB)],
+                                       "S2": [("/d/S2/one", 0, 2 * GB)]})
+    restore_submit(user=alice, paths=[p for entries in long_tapes.values() for p, _, _ in entries], now=now)
+    run_cycle(now=now, stager=stager)
+    first = set(Job.objects.values_list("id", flat=True))
+    waiting = set(Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True))
+    assert len(first) == 2 and len(waiting) == 1
+    clock[0] = 10.0
+    later = now + timedelta(seconds=10)
+    restore_submit(user=bob, paths=["/d/S1/one", "/d/S2/one"], now=later)
+    run_cycle(now=later, stager=stager)
+    jobs = {j.id: j for j in Job.objects.all()}
+    shorts = [j for j in jobs.values() if j.jumps_queue]
+    assert len(shorts) == 2
+    followers = Counter(j.after_id for j in jobs.values() if j.after_id)
+    assert max(followers.values()) == 1  # a line, not a fork
+    (head,) = [j for j in jobs.values() if j.state == JobState.SENT]
+    line, current = [head.id], head.id
+    following = {j.after_id: j.id for j in jobs.values() if j.after_id}
+    while current in following:
+        current = following[current]
+        line.append(current)
+    assert set(line) == set(jobs)
+    # Bob's two right after the drive's mount, alice's waiting one after them.
+    assert {jobs[j].jumps_queue for j in line[1:3]} == {True}
+    assert line[3] in waiting
+
+
+def _tuplestore_nested_loops(plan):
+    """Nested loops in an auto_explain plan whose inner side scans a transition table."""
+    lines = plan.splitlines()
+    found = 0
+    for i, line in enumerate(lines):
+        if "Nested Loop" in line:
+            depth = len(line) - len(line.lstrip(" ->"))
+            below = []
+            for child in lines[i + 1:]:
+                if child.strip() and len(child) - len(child.lstrip(" ->")) <= depth:
+                    break
+                below.append(child)
+            found += sum("Named Tuplestore Scan" in child for child in below) >= 2
+    return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_triggers_join_a_large_update_without_a_nested_loop_whatever_the_sessions_first(now):
+    # The history and counter triggers join the UPDATE's old and new rows on id; PostgreSQL
+    # plans that join once per session. The session's first UPDATE changes no row here, and
+    # the claim after it changes 300: their join must not be a nested loop (300 x 300 rows).
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 100})
+    alice = User.objects.create_user("alice-fresh")
+    restore_submit(user=alice, paths=[f"/d/big/f{i}" for i in range(300)], now=now)
+    job = Job.objects.create(created_at=now)
+    keys = list(RestoreRequest.objects.values_list("path_key", flat=True))
+    connection.close()  # a new session: no plan cached yet
+    notices = []
+    with connection.cursor() as cursor:
+        cursor.connection.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        RestoreRequest.objects.filter(path="/d/none").update(updated_at=now)
+        for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                        "auto_explain.log_level = notice"):
+            cursor.execute(f"SET {setting}")
+        cursor.execute("LOAD 'auto_explain'")
+        moved = request_transition(RestoreRequest.objects.filter(state="queued"), "submitted", now=now,
+                                   joined=(("path_key",), ("job_id", "job_rank"), [(k, job.id, 0) for k in keys]))
+        cursor.execute("SET auto_explain.log_min_duration = -1")
+    assert moved == 300
+    joins = [n for n in notices if "JOIN old_rows o ON o.id = n.id" in n]
+    assert len(joins) >= 3  # history, state counters, usage
+    assert sum(_tuplestore_nested_loops(n) for n in joins) == 0
+    assert Transition.objects.filter(to_state="submitted").count() == 300
