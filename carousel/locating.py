@@ -6,10 +6,8 @@ requests due to be asked again (at most half of it while new ones wait) and new 
 first: paths the stager never answers cannot keep new work from being located."""
 from datetime import timedelta
 
-from django.db import connection
 from django.db.models import Exists, OuterRef, Q, Subquery
 
-from . import db
 from .models import Control, ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, path_key
 from .services import request_transition
 
@@ -27,7 +25,8 @@ def locate_requests(*, now, stager, limit, control=None):
     again = list(RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=False, locate_after__lte=now)
                  .order_by("locate_after").values_list("id", "path", "path_key")[:limit])
     room = limit - min(len(again), limit // 2)
-    new = _new_in_turn(room)
+    new = list(RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=True)
+               .order_by("created_at", "id").values_list("id", "path", "path_key")[:room])
     batch = again[:limit - len(new)] + new
     if not batch:
         return 0
@@ -57,41 +56,6 @@ def locate_requests(*, now, stager, limit, control=None):
         position=Subquery(location.values("position")[:1]),
         size=Subquery(location.values("size")[:1]),
     )
-
-
-# New requests never asked about: their users (a loose index scan, one probe per user), and
-# each user's oldest (request_locate_user).
-_NEW = "state = 'queued' AND tape_id IS NULL AND locate_attempts IS NULL"
-USERS_SQL = f"""WITH RECURSIVE u(user_id) AS (
-    SELECT (SELECT user_id FROM carousel_restorerequest WHERE {_NEW} ORDER BY user_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT r.user_id FROM carousel_restorerequest r WHERE {_NEW} AND r.user_id > u.user_id
-            ORDER BY r.user_id LIMIT 1) FROM u WHERE u.user_id IS NOT NULL)
-SELECT user_id FROM u WHERE user_id IS NOT NULL"""
-OLDEST_SQL = ("SELECT id, path, path_key, created_at FROM carousel_restorerequest WHERE user_id = {a} AND "
-              f"{_NEW} ORDER BY created_at, id LIMIT {{n}}")
-
-
-def _new_in_turn(room):
-    """Up to `room` new requests to locate, shared between the users who have some: an equal
-    part of each one's oldest, and what a user cannot fill to the oldest of all. A burst of a
-    million paths takes many batches to locate; another user's ten files are located in the
-    next one, and a burst from several users at once becomes ready for all of them together,
-    so the first mounts are shared, not given to whoever submitted first."""
-    with connection.cursor() as cursor:
-        cursor.execute(USERS_SQL)
-        users = [row[0] for row in cursor.fetchall()]
-    oldest = RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=True).order_by("created_at", "id")
-    if len(users) <= 1:
-        return list(oldest.values_list("id", "path", "path_key")[:room])
-    part = max(1, room // len(users))
-    rows = sorted(db.lateral(OLDEST_SQL, [(user, part) for user in users]), key=lambda r: (str(r[3]), r[0]))[:room]
-    batch = [r[:3] for r in rows]
-    if len(batch) < room:
-        chosen = {r[0] for r in batch}
-        batch += [r for r in oldest.values_list("id", "path", "path_key")[:room] if r[0] not in chosen][
-            :room - len(batch)]
-    return batch
 
 
 def _ask_again_later(unsure, *, now, control):

@@ -548,9 +548,6 @@ class RestoreRequest(models.Model):
             # A user's requests in a state, newest first (the API's list); the oldest active
             # one (the summary: one probe per active state).
             models.Index(fields=["user", "state", "created_at"], name="request_user_state_age"),
-            # Locating takes each user's oldest new requests in turn (carousel/locating.py).
-            models.Index(fields=["user", "created_at", "id"], name="request_locate_user",
-                         condition=Q(state=S.QUEUED, tape__isnull=True, locate_attempts__isnull=True)),
             # The list's tape filter. Partial: a submission's new rows have no tape yet, so
             # they cost this index nothing.
             models.Index(fields=["tape", "user"], name="request_tape", condition=Q(tape__isnull=False)),

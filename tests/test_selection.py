@@ -290,21 +290,3 @@ def test_a_tape_two_users_want_is_chosen_whole_in_one_turn(alice, charlie, bob, 
     on_s = [job for job in stager.sent if where[job.paths[0]][0] == "S"]
     assert len(on_s) == 1
     assert sorted(on_s[0].paths) == sorted([*(f"/a/{i}" for i in range(4)), *(f"/b/{i}" for i in range(4))])
-
-
-def test_locating_takes_each_users_oldest_in_turn(alice, bob, charlie, now):
-    """Alice's burst of 300 came first; bob's 5 and charlie's 40 a second later. A batch of 30
-    locates bob's 5 and ten of each other's oldest, not 30 of alice's: a burst does not keep
-    another user's files from being located (and so from the drives) for many cycles."""
-    from carousel.locating import locate_requests
-
-    submit_at(alice, now, [f"/a/{i}" for i in range(300)])
-    submit_at(bob, now + timedelta(seconds=1), [f"/b/{i}" for i in range(5)])
-    submit_at(charlie, now + timedelta(seconds=1), [f"/c/{i}" for i in range(40)])
-    stager = MapStager()
-    assert locate_requests(now=now, stager=stager, limit=30) == 30
-    located = RestoreRequest.objects.filter(tape__isnull=False)
-    counts = {u: located.filter(user=user).count() for u, user in (("a", alice), ("b", bob), ("c", charlie))}
-    # Ten each; bob has only five: the five left go to the oldest of all, alice's.
-    assert counts == {"a": 15, "b": 5, "c": 10}
-    assert set(located.filter(user=alice).values_list("path", flat=True)) == {f"/a/{i}" for i in range(15)}
