@@ -97,9 +97,10 @@ def select(*, now, control, sort, share, slots, most_slots=None):
     # cost, in proportion to the slots, not to the users or their backlogs.
     grants = share.allocate(demands, groups, slots)
     able = [d for d in demands if min(d.pending, d.room) > 0]
-    weights = share.drive_weights(able, groups)
-    # As fractions of the drives, so that a tag charged when other users were away compares
-    # with one charged now.
+    # Weights as fractions of the drives among every user with work (not only those with room
+    # this cycle), so that a tag charged while some were at their caps compares with one
+    # charged now.
+    weights = share.drive_weights(demands, groups)
     total_weight = sum(weights.values())
     weights = {u: w / total_weight for u, w in weights.items()} if total_weight > 0 else weights
     tags = start_tags([d.user for d in able], active=limits.active, weights=weights)
