@@ -10,7 +10,7 @@ from policies.sorting import in_read_order
 
 from .db import insert_rows, update_joined
 from .locating import any_unlocated
-from .models import IN_FLIGHT_STATES, Account, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
+from .models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
 from .mounts import Planned
 from .services import request_transition
 from .stagers.base import JobSpec
@@ -58,9 +58,6 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
             .values_list("id", "path", "path_key")
         )
         chosen = [c for c in selection.chosen if c.id in claimed]
-        # The drive time charged in this cycle's turns is kept with the claims.
-        for user, tag in selection.tags.items():
-            Account.objects.filter(user_id=user).update(virtual_s=tag)
         return _make_jobs(chosen, claimed, selection.tapes, now=now, control=control, drives=drives)
 
 

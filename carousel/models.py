@@ -255,9 +255,6 @@ class Account(models.Model):
                                                help_text="Most requests in flight at once (empty: default).")
     queued_ceiling = models.PositiveIntegerField(null=True, blank=True,
                                                  help_text="Most active requests at once (empty: default).")
-    # Start-time fair queueing's tag (policies/selection.py): the drive time charged to the
-    # user so far, each charge divided by their weight then, in seconds.
-    virtual_s = models.FloatField("virtual drive time (s)", default=0.0, editable=False)
     acts_for_others = models.BooleanField(
         "service account", default=False,
         help_text="May name the user a submission is for (on_behalf_of): XRootD hooks, FTS-like services. "

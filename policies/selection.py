@@ -61,8 +61,7 @@ class Selection:
     chosen: list = field(default_factory=list)  # Candidates, in sending order
     tapes: dict = field(default_factory=dict)  # tape id -> TapeInfo
     allotments: dict = field(default_factory=dict)  # user id -> files chosen
-    tags: dict = field(default_factory=dict)  # user id -> virtual drive time after this cycle's turns (to keep)
-    charged: set = field(default_factory=set)  # users charged drive time this cycle
+    held_s: dict = field(default_factory=dict)  # user id -> drive time held after this cycle (estimated)
     rounds: int = 0
 
 
@@ -70,11 +69,11 @@ def select(*, now, control, sort, share, slots, most_slots=None):
     """Choose up to `slots` ready requests, a mount at a time, in turns of drive time.
 
     Each user's own queue comes from the sorting policy (how far it looks: see below), in
-    runs of one tape (a run is one mount). Then, as in start-time fair queueing, the next run
-    goes to the user with the smallest virtual time (start_tags: the drive time charged to
-    them so far per unit of their weight, share.drive_weights as fractions); the run's
-    estimated mount time (carousel.tape.mount_profile) is charged to them, and to the users
-    whose files on the tape ride along, by their files on it. So the drives' time, not a cycle's
+    runs of one tape (a run is one mount). Then, as in
+    start-time fair queueing, the next run goes to the user whose drive time held (the
+    estimated drive time of their work planned or on the drives, plus the runs given this
+    cycle) is the smallest for their weight (share.drive_weights); the run's estimated mount
+    time (carousel.tape.mount_profile) is charged to them. So the drives' time, not a cycle's
     file slots, is shared, and tapes stay whole: when the run whose turn it is does not fit in
     the slots left, the cycle stops there and the run goes whole at a later cycle (unless the
     cycle has chosen nothing and the tape's run is bigger than `most_slots`, the most slots a
@@ -92,20 +91,15 @@ def select(*, now, control, sort, share, slots, most_slots=None):
     demands, groups = _demands(backlog, limits)
     # How far into each user's queue to look: twice the file slots the sharing policy would
     # grant them, and at least a job's worth (N files, so a whole tape of up to N files fits);
-    # and only for the users whose turn comes first (smallest virtual time), until their
-    # pools hold twice the slots. This keeps the pools, and the cycle's
+    # and only for the users whose turn comes first (smallest drive time held for their
+    # weight), until their pools hold twice the slots. This keeps the pools, and the cycle's
     # cost, in proportion to the slots, not to the users or their backlogs.
     grants = share.allocate(demands, groups, slots)
     able = [d for d in demands if min(d.pending, d.room) > 0]
-    # Weights as fractions of the drives among every user with work (not only those with room
-    # this cycle), so that a tag charged while some were at their caps compares with one
-    # charged now.
-    weights = share.drive_weights(demands, groups)
-    total_weight = sum(weights.values())
-    weights = {u: w / total_weight for u, w in weights.items()} if total_weight > 0 else weights
-    tags = start_tags([d.user for d in able], active=limits.active, weights=weights)
+    weights = share.drive_weights(able, groups)
+    held = held_drive_time([d.user for d in able])
     wanted, total = {}, 0
-    for d in sorted(able, key=lambda d: (_virtual(tags[d.user], weights.get(d.user, 0.0)), d.user)):
+    for d in sorted(able, key=lambda d: (_virtual(held[d.user], weights.get(d.user, 0.0)), d.user)):
         if total >= 2 * slots:
             break
         wanted[d.user] = min(d.pending, d.room, slots, max(2 * grants.get(d.user, 0), control.files_per_job))
@@ -118,8 +112,9 @@ def select(*, now, control, sort, share, slots, most_slots=None):
         runs = [list(run) for _, run in groupby(chosen, key=lambda c: c.tape)]
         if runs:
             queues[user] = deque(runs)
+    held = {u: held[u] for u in queues}
     group_room = {g: room for g, (_, room) in limits.group_limits.items()}
-    heap = [(_virtual(tags[u], weights.get(u, 0.0)), u) for u in queues]
+    heap = [(_virtual(held[u], weights.get(u, 0.0)), u) for u in queues]
     heapq.heapify(heap)
     remaining = slots
     taken = set()  # requests chosen already (as another user's riders)
@@ -128,7 +123,7 @@ def select(*, now, control, sort, share, slots, most_slots=None):
         run = [c for c in queues[user].popleft() if c.id not in taken]
         if not run:
             if queues[user]:
-                heapq.heappush(heap, (_virtual(tags[user], weights.get(user, 0.0)), user))
+                heapq.heappush(heap, (_virtual(held[user], weights.get(user, 0.0)), user))
             continue
         group = limits.group[user]
         fit = min(remaining, group_room.get(group, remaining))
@@ -165,16 +160,11 @@ def select(*, now, control, sort, share, slots, most_slots=None):
             who_group = limits.group[who]
             if who_group in group_room:
                 group_room[who_group] -= len(theirs)
-            # The mount's drive time is charged to its users by their files on it, per unit
-            # of their weight (start-time fair queueing's tags).
-            charge = seconds * len(theirs) / (len(run) + len(along))
-            weight = weights.get(who, 0.0)
-            tags[who] = tags[who] + (
-                charge / weight if weight > 0 else charge)
-            result.charged.add(who)
+            # The mount's drive time is charged to its users by their files on it.
+            held[who] = held.get(who, 0.0) + seconds * len(theirs) / (len(run) + len(along))
         if queues[user]:
-            heapq.heappush(heap, (_virtual(tags[user], weights.get(user, 0.0)), user))
-    result.tags = {u: tags[u] for u in result.charged}
+            heapq.heappush(heap, (_virtual(held[user], weights.get(user, 0.0)), user))
+    result.held_s = held
     return result
 
 
@@ -200,9 +190,9 @@ def _riders(tape, user, group, own, limits, allotments, group_room, room):
     return riders
 
 
-def _virtual(tag, weight):
+def _virtual(held_s, weight):
     # A user of weight 0 comes after every weighted one, by their own drive time.
-    return (0, tag) if weight > 0 else (1, tag)
+    return (0, held_s / weight) if weight > 0 else (1, held_s)
 
 
 # A tape of a technology the model does not know is charged as if it were LTO-8 (the newest
@@ -223,30 +213,11 @@ def run_seconds(run, tapes):
 EXCHANGE_S = 11.0
 
 
-def start_tags(users, *, active, weights):
-    """user id -> their virtual time: the drive time charged to them so far, each charge
-    divided by their weight then (Account.virtual_s, kept by claiming). As in start-time fair
-    queueing, a user coming back after a pause starts at the system's virtual time, so nobody
-    banks credit while idle: the virtual time of the work on the drives now, each active
-    user's tag less what they still hold planned or in flight (held_drive_time) for their
-    weight, the least of them. With nobody active, everyone starts level."""
-    saved = dict(Account.objects.filter(user_id__in=list(users)).values_list("user_id", "virtual_s"))
-    serving = [u for u in users if u in active and weights.get(u, 0.0) > 0]
-    held = held_drive_time(serving)
-    if serving:
-        floor = min(saved.get(u, 0.0) - held[u] / weights[u] for u in serving)
-    else:
-        floor = max((saved.get(u, 0.0) for u in users), default=0.0)
-    return {u: max(saved.get(u, 0.0), floor) for u in users}
-
-
 def held_drive_time(users):
     """user id -> the estimated drive time of their requests planned or on the drives: each
     job's estimate, shared by its in-flight requests (a sent job counts only what it has left,
     a file two users asked for is charged to both). Aggregated in the database by (user, job)."""
     held = dict.fromkeys(users, 0.0)
-    if not users:
-        return held
     rows = list(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES, job__isnull=False, user_id__in=list(users))
                 .order_by().values_list("user_id", "job_id").annotate(n=Count("id")))
     estimates = dict((j, (e, f)) for j, e, f in Job.objects.filter(id__in={j for _, j, _ in rows})
@@ -263,7 +234,6 @@ class _Limits:
     group: dict  # user -> group id or None
     user_room: dict  # user -> cap minus in flight
     group_limits: dict  # group -> (weight, cap minus in flight)
-    active: set = field(default_factory=set)  # users with requests in flight
 
 
 def _limits(backlog, control):
@@ -293,7 +263,7 @@ def _limits(backlog, control):
         weight, cap = shares.get(group, (1.0, None))
         cap = control.default_group_cap if cap is None else cap
         group_limits[group] = (weight, max(0, cap - group_in_flight[group]))
-    return _Limits(group=group_of, user_room=user_room, group_limits=group_limits, active=set(in_flight))
+    return _Limits(group=group_of, user_room=user_room, group_limits=group_limits)
 
 
 def _demands(backlog, limits):

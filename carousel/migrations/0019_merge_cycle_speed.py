@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('carousel', '0016_h_trigger_joins'),
-        ('carousel', '0017_fair_queueing_tags'),
+        ('carousel', '0016_drive_allocation'),
     ]
 
     operations = [
