@@ -6,6 +6,7 @@ requests due to be asked again (at most half of it while new ones wait) and new 
 first: paths the stager never answers cannot keep new work from being located."""
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, Subquery
 
 from .models import Control, ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, path_key
@@ -20,8 +21,26 @@ def any_unlocated():
     return RestoreRequest.objects.filter(UNLOCATED).exists()
 
 
+def locate_new_work(*, now, stager, control):
+    """A cycle's locating: stager calls of `Control.locate_batch` paths until no new request
+    waits, up to the largest submission (CAROUSEL_MAX_PATHS_PER_SUBMISSION) a cycle. A burst
+    is then seen whole by the same cycle's sharing policy: located one batch a cycle, its first
+    users' tapes would take every idle drive for a mount (an hour or more) before the others'
+    requests were even known, and the drive time so spent is never given back (shares are of
+    the drives' time from now on). The bound keeps a slow stager from holding one cycle for
+    ever behind a backlog of millions."""
+    located = 0
+    calls = max(1, -(-settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION // control.locate_batch))
+    for _ in range(calls):
+        located += locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
+        if not RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=True).exists():
+            break
+    return located
+
+
 def locate_requests(*, now, stager, limit, control=None):
-    """Learn the tape, position and size of queued requests not located yet."""
+    """Learn the tape, position and size of queued requests not located yet (one stager call
+    of at most `limit` paths)."""
     again = list(RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=False, locate_after__lte=now)
                  .order_by("locate_after").values_list("id", "path", "path_key")[:limit])
     room = limit - min(len(again), limit // 2)

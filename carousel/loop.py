@@ -21,7 +21,7 @@ from .claiming import claim_jobs
 from .deadlines import end_overdue_jobs
 from .delivery import dispatch_deliveries
 from .failures import requeue_due_retries
-from .locating import locate_requests
+from .locating import locate_new_work
 from .models import IN_FLIGHT_STATES, Control, RestoreRequest, StagerHealth
 from .mounts import MountPlanner, preempt, send_jobs
 from .pins import end_expired_pins
@@ -102,7 +102,7 @@ def _work(*, now, stager, control, state, report):
     # Jobs past their deadline free their drives' chains before this cycle plans more.
     end_overdue_jobs(now=now, control=control)
     try:
-        report.located = locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
+        report.located = locate_new_work(now=now, stager=stager, control=control)
         status = stager.status() or {}
         StagerHealth.objects.filter(id=1).update(status=status, status_at=now)
         budget = disk_budget(status=status, control=control)

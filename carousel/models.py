@@ -178,8 +178,10 @@ class Control(Singleton):
     deliveries_per_fs = models.PositiveSmallIntegerField(
         "deliveries per file system", validators=bounded("deliveries_per_fs"), default=4,
         help_text="Copies to one destination file system at once, so restores don't overload it.")
-    locate_batch = models.PositiveIntegerField("paths located per cycle", validators=bounded("locate_batch"),
-                                               default=5000)
+    locate_batch = models.PositiveIntegerField(
+        "paths per locate call", validators=bounded("locate_batch"), default=5000,
+        help_text="Paths asked of the stager in one call. A cycle calls until every new request is "
+                  "located, up to the largest submission's worth, so a burst is shared out whole.")
     locate_attempts = models.PositiveSmallIntegerField(
         "locate attempts", validators=bounded("locate_attempts"), default=20,
         help_text="A file the stager cannot place on a tape (\"try later\", or no answer) this many times fails.")

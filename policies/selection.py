@@ -69,10 +69,10 @@ def select(*, now, control, sort, share, slots, most_slots=None):
     """Choose up to `slots` ready requests, a mount at a time, in turns of drive time.
 
     Each user's own queue comes from the sorting policy (how far it looks: see below), in
-    runs of one tape (a run is one mount). Then, as in
-    start-time fair queueing, the next run goes to the user whose drive time held (the
-    estimated drive time of their work planned or on the drives, plus the runs given this
-    cycle) is the smallest for their weight (share.drive_weights); the run's estimated mount
+    runs of one tape (a run is one mount). Then, as in weighted fair queueing, the next run
+    goes to the user whose drive time held (the estimated drive time of their work planned or
+    on the drives, plus the runs given this cycle), with that run added, is the smallest for
+    their weight (share.drive_weights); the run's estimated mount
     time (carousel.tape.mount_profile) is charged to them. So the drives' time, not a cycle's
     file slots, is shared, and tapes stay whole: when the run whose turn it is does not fit in
     the slots left, the cycle stops there and the run goes whole at a later cycle (unless the
@@ -114,7 +114,15 @@ def select(*, now, control, sort, share, slots, most_slots=None):
             queues[user] = deque(runs)
     held = {u: held[u] for u in queues}
     group_room = {g: room for g, (_, room) in limits.group_limits.items()}
-    heap = [(_virtual(held[u], weights.get(u, 0.0)), u) for u in queues]
+    def turn(user):
+        # Weighted fair queueing: the next mount goes to the user whose drive time held would
+        # be the smallest for their weight once it is read (the finish tag), not before (the
+        # start tag). With mounts hours long, starting from the tags before would hand every
+        # user a drive in the first round, whatever their weight, and that first round is a
+        # large part of a campaign.
+        return _virtual(held[user] + run_seconds(queues[user][0], result.tapes), weights.get(user, 0.0)), user
+
+    heap = [turn(u) for u in queues]
     heapq.heapify(heap)
     remaining = slots
     taken = set()  # requests chosen already (as another user's riders)
@@ -123,7 +131,7 @@ def select(*, now, control, sort, share, slots, most_slots=None):
         run = [c for c in queues[user].popleft() if c.id not in taken]
         if not run:
             if queues[user]:
-                heapq.heappush(heap, (_virtual(held[user], weights.get(user, 0.0)), user))
+                heapq.heappush(heap, turn(user))
             continue
         group = limits.group[user]
         fit = min(remaining, group_room.get(group, remaining))
@@ -163,7 +171,7 @@ def select(*, now, control, sort, share, slots, most_slots=None):
             # The mount's drive time is charged to its users by their files on it.
             held[who] = held.get(who, 0.0) + seconds * len(theirs) / (len(run) + len(along))
         if queues[user]:
-            heapq.heappush(heap, (_virtual(held[user], weights.get(user, 0.0)), user))
+            heapq.heappush(heap, turn(user))
     result.held_s = held
     return result
 

@@ -225,6 +225,20 @@ def test_locates_back_off_give_up_with_a_reason_and_new_requests_do_not_wait(ali
     assert "no answer" in failed.get(path="/silent/0").last_error
 
 
+def test_a_burst_larger_than_a_locate_call_is_located_and_shared_in_its_first_cycle(alice, bob, now):
+    # Located one call a cycle, alice's earlier submission would fill every drive before bob's
+    # requests were known: bob's tape would wait a whole mount (an hour on real tapes).
+    control(locate_batch=4, files_per_job=20, jobs_in_flight=2)
+    restore_submit(user=alice, now=now, paths=[f"/burst/alice/{i}" for i in range(10)])
+    restore_submit(user=bob, now=now, paths=[f"/burst/bob/{i}" for i in range(6)])
+    stager = UnsureStager()
+    run_cycle(now=now, stager=stager)
+    assert [len(batch) for batch in stager.asked] == [4, 4, 4, 4]  # calls of locate_batch paths
+    assert not RestoreRequest.objects.filter(tape__isnull=True).exists()
+    sent = {r.user.username for j in stager.submitted for r in RestoreRequest.objects.filter(job_id=j.id)}
+    assert sent == {"alice", "bob"}
+
+
 def test_a_job_past_its_deadline_is_asked_once_more_then_given_up_and_frees_its_chain(alice, now):
     control(files_per_job=2, jobs_in_flight=4, drives=1, job_deadline_floor_s=600, job_deadline_factor=1,
             max_attempts=5)

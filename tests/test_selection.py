@@ -161,6 +161,23 @@ def test_grpw_gives_turns_in_drive_time_by_group_weight(alice, charlie, now):
     assert flying.filter(user=charlie).count() == 6 and flying.filter(user=alice).count() == 2
 
 
+def test_the_first_round_of_mounts_already_follows_the_weights(alice, charlie, now):
+    """Turns go by the drive time held once the mount is read (weighted fair queueing), not
+    before it: otherwise every user with work takes a drive in the first round, whatever their
+    weight, and on real tapes that round lasts an hour or more."""
+    from carousel.models import GroupShare
+
+    GroupShare.objects.filter(group__name="production").update(weight=5)
+    control(share_policy="GRPW", sort_policy="TAPEID", files_per_job=2, jobs_in_flight=4)
+    submit_at(alice, now, [f"/a/{i}" for i in range(20)])
+    submit_at(charlie, now, [f"/c/{i}" for i in range(20)])
+    run_cycle(now=now, stager=on_tapes("ac", 2, 10))
+    flying = RestoreRequest.objects.filter(state__in=["submitted", "planned"])
+    # Four mounts of equal drive time T: charlie's would end at T/5, 2T/5, 3T/5 and 4T/5 per unit
+    # of his weight, alice's first at T. All four are charlie's.
+    assert flying.filter(user=charlie).count() == 8 and flying.filter(user=alice).count() == 0
+
+
 def test_drive_time_held_counts_against_the_next_turns(alice, charlie, now):
     """A user whose mounts are planned or on the drives waits while the other catches up: the
     share is of drive time held, not of one cycle's slots."""
