@@ -71,7 +71,7 @@ def run_schemathesis(env, tmp_path):
         _wait_for(f"{base}/api/schema/", server)
         done = subprocess.run(
             [str(BIN / "schemathesis"), "run", f"{base}/api/schema/", "-H", f"Authorization: Token {token}",
-             "--checks", "not_a_server_error,response_schema_conformance", "-n", "30", "--seed", "3",
+             "--checks", "not_a_server_error,response_schema_conformance", "-n", "50", "--seed", "3",
              "--request-timeout", "30", "--report-dir", str(tmp_path / "report")],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     finally:
