@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from datetime import timezone as dt_timezone
 from itertools import groupby
 
-from django.db.models import Count, Min, Sum
+from django.db.models import Count
 
 from carousel import db
 from carousel.models import (
-    IN_FLIGHT_STATES, READY, Account, GroupShare, Job, RestoreRequest, Tape, TapeBacklog, UserBacklog,
+    IN_FLIGHT_STATES, Account, GroupShare, Job, RestoreRequest, Tape, TapeBacklog, UserBacklog,
 )
 from carousel.plugins import resolve
 from carousel.tape import MEDIA, mount_profile
@@ -38,6 +38,8 @@ POOL_SQL = {
 }
 TOP_TAPES_SQL = ("SELECT user_id, tape_id, files FROM carousel_tapebacklog WHERE user_id = {a} AND files > 0 "
                  f"AND {_NOT_QUARANTINED} ORDER BY files DESC, tape_id LIMIT {{n}}")
+OLDEST_ON_TAPE_SQL = (f"SELECT tape_id, created_at FROM carousel_restorerequest WHERE tape_id = {{a}} AND {_READY} "
+                      "ORDER BY created_at LIMIT {n}")
 ON_TAPE_SQL = (f"SELECT {_COLUMNS} FROM carousel_restorerequest WHERE user_id = {{a}} AND tape_id = {{b}} "
                f"AND {_READY} ORDER BY position LIMIT {{n}}")
 
@@ -326,20 +328,21 @@ def _gather(allotments, taken, sort, now, tapes):
 
 
 def _tape_info(new_tapes, now, tapes):
-    """Fill `tapes` with what the policies need to know of each tape."""
+    """Fill `tapes` with what the policies need to know of each tape: per tape a few index
+    probes (its backlog counters, its oldest ready request), not a scan of its queue."""
     if not new_tapes:
         return
     media = dict(Tape.objects.filter(id__in=new_tapes).values_list("id", "media"))
-    totals = {t: (f, b) for t, f, b in TapeBacklog.objects.filter(tape_id__in=new_tapes).order_by()
-              .values_list("tape_id").annotate(f=Sum("files"), b=Sum("bytes")).values_list("tape_id", "f", "b")}
-    oldest = dict(RestoreRequest.objects.filter(READY, tape_id__in=new_tapes).order_by()
-                  .values_list("tape_id").annotate(m=Min("created_at")).values_list("tape_id", "m"))
+    totals = defaultdict(lambda: [0, 0])
     user_files = defaultdict(dict)
-    for u, t, f in TapeBacklog.objects.filter(tape_id__in=new_tapes, files__gt=0).values_list(
-            "user_id", "tape_id", "files"):
+    for u, t, f, b in TapeBacklog.objects.filter(tape_id__in=new_tapes, files__gt=0).values_list(
+            "user_id", "tape_id", "files", "bytes"):
         user_files[t][u] = f
+        totals[t][0] += f
+        totals[t][1] += b or 0
+    oldest = {t: at for t, at in db.lateral(OLDEST_ON_TAPE_SQL, [(t, 1) for t in sorted(new_tapes)])}
     for t in new_tapes:
         files, nbytes = totals.get(t, (0, 0))
-        age = (now - oldest[t]).total_seconds() if t in oldest else 0.0
-        tapes[t] = TapeInfo(id=t, media=media.get(t) or None, files=files or 0, bytes=nbytes or 0,
+        age = (now - _aware(oldest[t])).total_seconds() if t in oldest else 0.0
+        tapes[t] = TapeInfo(id=t, media=media.get(t) or None, files=files, bytes=nbytes,
                             oldest_age_s=age, user_files=user_files[t])
