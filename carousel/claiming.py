@@ -5,6 +5,7 @@ from collections import Counter
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Sum
 
+from policies.order import read_order
 from policies.selection import EXCHANGE_S, select
 from policies.sorting import in_read_order
 
@@ -61,6 +62,44 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
         return _make_jobs(chosen, claimed, selection.tapes, now=now, control=control, drives=drives)
 
 
+def _merge_into_pending(pieces, tapes, files_per_job, drives):
+    """New files of a tape whose mount is planned but not sent yet go into that job, the
+    union in read order: one pass along the tape, not a second job read after the first
+    (files of one tape requested over a few cycles, as an analysis's requests trickle in, would
+    otherwise be read in two or three passes of the same mount). Only while the union is at
+    most N files; beyond, the new files make a job of their own that is sent with it. Returns
+    {path key: (job id, rank)} for every file of the merged jobs, and sets each merged piece's
+    `last_job`; the jobs' counts and estimates are updated here."""
+    joins = {p.join: p for p in pieces if p.join is not None}
+    if not joins:
+        return {}
+    held = {}
+    for job, path, key, position, size in (RestoreRequest.objects.filter(job_id__in=list(joins),
+                                           state__in=IN_FLIGHT_STATES).order_by("job_rank")
+                                           .values_list("job_id", "path", "path_key", "position", "size")):
+        held.setdefault(job, {}).setdefault(key, (path, key, position or 0, size or 0))
+    placed = {}
+    for job, piece in joins.items():
+        files = dict(held.get(job, {}))
+        files.update((f[1], f) for f in piece.files if f[1] not in files)
+        if len(files) > files_per_job:
+            continue
+        media = tapes[piece.tape].media if piece.tape in tapes else None
+        order = read_order(media, [(k, f[2], f[3]) for k, f in files.items()])
+        placed.update((key, (job, rank)) for rank, key in enumerate(order))
+        estimate = piece.estimate_s
+        if drives is not None and media in MEDIA:
+            pre, _ = mount_profile(media, [(files[k][2], files[k][3]) for k in order],
+                                   read_rate_mb_s=drives.read_rate_mb_s, exchange_s=drives.exchange_s)
+            estimate = pre[-1]
+        Job.objects.filter(id=job, state=JobState.PENDING).update(files=len(files), estimate_s=estimate)
+        piece.last_job = job
+    # The files the job held keep their job and take their new place in it.
+    update_joined(RestoreRequest.objects.filter(job_id__in=list(joins), state__in=IN_FLIGHT_STATES),
+                  ("path_key",), ("job_rank",), [(key, rank) for key, (_, rank) in placed.items()])
+    return placed
+
+
 def _ready_backlog():
     """Ready requests of all users, from the trigger-kept counters (no scan of the queue)."""
     return UserBacklog.objects.aggregate(n=Sum("files"))["n"] or 0
@@ -111,7 +150,12 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
                   for tape_id, files in ordered.items()]
     files_per_job = control.files_per_job
     jobs, job_of_key, rank_of_key = [], {}, {}
+    merged = _merge_into_pending(pieces, tapes, files_per_job, drives)
+    job_of_key.update((key, job) for key, (job, _) in merged.items())
+    rank_of_key.update((key, rank) for key, (_, rank) in merged.items())
     for piece in pieces:
+        if piece.last_job is not None:
+            continue  # merged into its tape's pending job
         # A piece after another one planned in this cycle follows that one's last job.
         after = piece.after.last_job if isinstance(piece.after, Planned) else piece.after
         for start in range(0, len(piece.files), files_per_job):
@@ -123,11 +167,12 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
             job_of_key.update((f[1], job.id) for f in part)
             rank_of_key.update((f[1], rank) for rank, f in enumerate(part))
             piece.last_job = job.id
-    if not jobs:
+    if not jobs and not merged:
         return []
     # By COPY on PostgreSQL (db.insert_rows): a cycle makes up to a job per claimed file.
     columns = [f.attname for f in Job._meta.concrete_fields]
-    insert_rows(Job, columns, ([getattr(job, c) for c in columns] for job, _ in jobs), ids=False)
+    if jobs:
+        insert_rows(Job, columns, ([getattr(job, c) for c in columns] for job, _ in jobs), ids=False)
     # Each file's job and its place in it, for the UPDATEs that join them (db.update_joined).
     placed = [(key, job, rank_of_key[key]) for key, job in job_of_key.items()]
     taken_back = drives.taken_back if drives is not None else set()
@@ -141,7 +186,7 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     relinked = {}  # (chain, job followed before this cycle) -> job followed now
     holders = {}  # (chain, job followed now) -> the jobs followed before that moved to it
     for piece in pieces:
-        if piece.jumps and piece.after is not None:
+        if piece.jumps and piece.after is not None and piece.last_job != piece.join:
             before = piece.after.last_job if isinstance(piece.after, Planned) else piece.after
             moved = holders.pop((piece.chain, before), [])
             if (piece.chain, before) not in relinked:  # its followers have not moved yet

@@ -41,6 +41,7 @@ class Planned:
     estimate_s: float = 0.0
     jumps: bool = False  # a short mount put before the long ones
     last_job: object = None  # set once its jobs exist
+    join: object = None  # a pending Job of the tape whose files these join (one pass, read order)
 
 
 @dataclass
@@ -97,7 +98,7 @@ class MountPlanner:
         pending_tape = {tape: rest for tape, *rest in Job.objects.filter(
             state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").exclude(id__in=self.taken_back)
             .order_by("created_at", "rank")
-            .values_list("tape_id", "chain", "after_id", "jumps_queue")}
+            .values_list("tape_id", "chain", "after_id", "jumps_queue", "id")}
         # Tapes on a drive now, unless a short mount waits for that drive (it may be cutting
         # that mount short: the files it gave back must not join it again).
         waiting_short = Job.objects.filter(state=JobState.PENDING, jumps_queue=True).values("chain")
@@ -113,9 +114,10 @@ class MountPlanner:
                 continue
             pre, suf = mount_profile(media, [(f[2], f[3]) for f in files], read_rate_mb_s=self.read_rate_mb_s,
                                      exchange_s=self.exchange_s)
-            if tape_id in pending_tape:  # joins the tape's planned mount: sent with it
-                chain, after, jumps = pending_tape[tape_id]
-                pieces.append(Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps))
+            if tape_id in pending_tape:  # joins the tape's planned mount (claiming merges them)
+                chain, after, jumps, job = pending_tape[tape_id]
+                pieces.append(Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps,
+                                      join=job))
             elif tape_id in on_drive:
                 # The tape is on a drive now: sent at once, the stager reads it in the same
                 # mount (a library adds a request for a mounted tape to that drive's work),

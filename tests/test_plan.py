@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from carousel import plan
+from policies.order import read_order
 from carousel.sim.library import File, Library
 from carousel.loop import run_cycle
 from carousel.models import Control, Job, JobState, RestoreRequest, StagerHealth
@@ -172,6 +173,30 @@ def test_one_mount_per_drive_at_the_stager_and_the_next_when_it_is_done(planned,
     assert follower.state == JobState.SENT and follower.sent_at >= first_done.finished_at
     assert run_until(stager, clock, now, all_done, limit=40_000)
     assert stager.library.mounts == 4
+
+
+def test_files_of_a_planned_mount_that_arrive_later_join_it_in_one_pass(planned, alice, bob):
+    """One drive busy with T0; T1, then T2, planned behind it. Bob's two files of T1, asked
+    for a cycle later, go into T1's planned job in read order: one job, one pass along the
+    tape, not a second job that locates back over what the first read."""
+    now = planned
+    Control.objects.filter(id=1).update(short_mount_s=60)  # no mount here is short
+    tapes = {f"T{t}": [(f"/d/T{t}/f{i}", i * 400 * GB, 20 * GB) for i in range(20)] for t in range(3)}
+    stager, clock = library_stager(1, tapes)
+    later = [tapes["T1"][3][0], tapes["T1"][11][0]]
+    restore_submit(user=alice, now=now, paths=[p for p, _, _ in tapes["T0"]]
+                   + [p for p, _, _ in tapes["T1"] if p not in later] + [p for p, _, _ in tapes["T2"][:5]])
+    run_cycle(now=now, stager=stager)
+    (first,) = Job.objects.filter(tape__label="T1", state=JobState.PENDING)
+    clock[0] = 10.0
+    restore_submit(user=bob, paths=later, now=now + timedelta(seconds=10))
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    (job,) = Job.objects.filter(tape__label="T1")
+    assert job.id == first.id and job.files == 20 and job.estimate_s > first.estimate_s
+    ranked = list(RestoreRequest.objects.filter(job=job).order_by("job_rank").values_list("path", flat=True))
+    assert ranked == read_order("LTO-8", tapes["T1"])  # the union, in read order
+    assert run_until(stager, clock, now, all_done, limit=40_000)
+    assert stager.library.mounts == 3
 
 
 def test_a_short_mount_goes_first_and_cuts_a_long_one_that_keeps_it_waiting(planned, alice, bob):
