@@ -27,6 +27,10 @@ class TapeInfo:
     bytes: int
     oldest_age_s: float
     user_files: dict = field(default_factory=dict)  # user id -> that user's ready requests on it
+    # Read orders already worked out this cycle (in_read_order): the same tape's files are
+    # ordered when a policy ranks a pool, when the selection charges a mount, and when claiming
+    # makes the job; with scattered files the order takes milliseconds a tape.
+    orders: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,11 @@ def in_read_order(candidates, tapes):
         return []
     tape = tapes[candidates[0].tape]
     by_id = {c.id: c for c in candidates}
-    return [by_id[i] for i in read_order(tape.media, [(c.id, c.position, c.size) for c in candidates])]
+    files = tuple(sorted((c.id, c.position, c.size) for c in candidates))
+    order = tape.orders.get(files)
+    if order is None:
+        order = tape.orders[files] = read_order(tape.media, files)
+    return [by_id[i] for i in order]
 
 
 def by_tape_in_read_order(candidates, tapes):
