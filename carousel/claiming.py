@@ -78,7 +78,7 @@ def _merge_into_pending(pieces, tapes, files_per_job, drives):
                                            state__in=IN_FLIGHT_STATES).order_by("job_rank")
                                            .values_list("job_id", "path", "path_key", "position", "size")):
         held.setdefault(job, {}).setdefault(key, (path, key, position or 0, size or 0))
-    placed = {}
+    placed, counts = {}, []
     for job, piece in joins.items():
         files = dict(held.get(job, {}))
         files.update((f[1], f) for f in piece.files if f[1] not in files)
@@ -92,8 +92,9 @@ def _merge_into_pending(pieces, tapes, files_per_job, drives):
             pre, _ = mount_profile(media, [(files[k][2], files[k][3]) for k in order],
                                    read_rate_mb_s=drives.read_rate_mb_s, exchange_s=drives.exchange_s)
             estimate = pre[-1]
-        Job.objects.filter(id=job, state=JobState.PENDING).update(files=len(files), estimate_s=estimate)
+        counts.append((job, len(files), estimate))
         piece.last_job = job
+    update_joined(Job.objects.filter(state=JobState.PENDING), ("id",), ("files", "estimate_s"), counts)
     # The files the job held keep their job and take their new place in it.
     update_joined(RestoreRequest.objects.filter(job_id__in=list(joins), state__in=IN_FLIGHT_STATES),
                   ("path_key",), ("job_rank",), [(key, rank) for key, (_, rank) in placed.items()])
