@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.relations import PKOnlyObject
@@ -113,6 +115,17 @@ def _fast_converter(field):
     return None
 
 
+def _same(value):
+    return value
+
+
+_ROW_PLANS = {}  # (serializer class, time zone) -> PlainFieldsFirst.row_plan
+# DRF fields whose to_representation reads only the value and the field's own options (not the
+# request, not the time zone): a plan kept across requests may hold them.
+_CONTEXT_FREE = {serializers.BigIntegerField, serializers.DurationField, serializers.UUIDField, serializers.BooleanField, serializers.FloatField,
+                 serializers.DecimalField}
+
+
 class PlainFieldsFirst:
     """Serializer.to_representation with DRF's own rules, minus its per-value look-ups for
     fields that are a model column of the instance (no dotted source, no relation): they are
@@ -134,6 +147,66 @@ class PlainFieldsFirst:
                              (_fast_converter(field) or field.to_representation) if column else None))
             self._fast_plan = plan
         return plan
+
+    def row_plan(self):
+        """The plan of rows_representation: (name, key, convert) per field, key the name values()
+        gives its value under (a column; `fk__column` for a dotted source through a forward
+        foreign key, as user.username; the key column for a primary key related field) or, for a
+        method field, None and the method's name. None if a field has no such value or no
+        one-line rule (the caller then renders model instances). Worked out once per class and
+        time zone, not per page: building a ModelSerializer's fields costs more than rendering
+        the rows. So only rules that read nothing of the request are kept."""
+        key = (type(self), timezone.get_current_timezone() if settings.USE_TZ else None)
+        plan = _ROW_PLANS.get(key, False)
+        if plan is not False:
+            return plan
+        columns = {f.attname: f for f in self.Meta.model._meta.concrete_fields}
+        plan = []
+        for field, name, column, _ in self._plan():
+            attrs = field.source_attrs
+            relation = columns.get(f"{attrs[0]}_id") if attrs else None
+            if isinstance(field, serializers.SerializerMethodField):
+                plan.append((name, None, field.method_name))
+            elif (isinstance(field, serializers.PrimaryKeyRelatedField) and len(attrs) == 1 and relation
+                  and field.pk_field is None):
+                plan.append((name, relation.attname, _same))
+            elif column is not None or (len(attrs) == 2 and relation and not isinstance(field, serializers.RelatedField)
+                                        and not relation.related_model._meta.get_field(attrs[1]).is_relation):
+                convert = _fast_converter(field) or (field.to_representation if type(field) in _CONTEXT_FREE else None)
+                if convert is None:
+                    plan = None
+                    break
+                plan.append((name, column or "__".join(attrs), convert))
+            else:
+                plan = None
+                break
+        _ROW_PLANS[key] = plan
+        return plan
+
+    def row_keys(self):
+        """What to ask values() for, so that rows_representation has every value it reads: every
+        column (a method field gets the row as a model instance would have them) and the
+        related columns shown."""
+        keys = [f.attname for f in self.Meta.model._meta.concrete_fields]
+        return keys + [key for _, key, _ in self.row_plan() if key is not None and key not in keys]
+
+    def rows_representation(self, rows):
+        """What to_representation gives for each model instance, from values() rows: a page of
+        the list without building a model instance (and its related ones) per row."""
+        plan = self.row_plan()
+        out = []
+        for row in rows:
+            ret = {}
+            instance = None
+            for name, key, convert in plan:
+                if key is not None:
+                    value = row[key]
+                    ret[name] = None if value is None else convert(value)
+                else:
+                    instance = instance or SimpleNamespace(**row)
+                    ret[name] = getattr(self, convert)(instance)
+            out.append(ret)
+        return out
 
     def to_representation(self, instance):
         ret = {}

@@ -190,14 +190,16 @@ def server_costs(database_url, user_id, paths, repeat):
                 copy.write_row((p, path_key(p)))
         conn.execute("UPDATE stage SET id = nextval(pg_get_serial_sequence('carousel_restorerequest', 'id'))")
         bulk_id = uuid.uuid4()
-        conn.execute("INSERT INTO carousel_bulk (id, user_id, created_at, files, created, notify) "
-                     "VALUES (%s, %s, now(), 0, 0, false)", [bulk_id, user_id])
+        conn.execute("INSERT INTO carousel_bulk (id, user_id, created_at, files, created, notify, label, metadata, activity) "
+                     "VALUES (%s, %s, now(), 0, 0, false, '', '{}', '')", [bulk_id, user_id])
         conn.commit()
         settle()
 
-        requests = ("INSERT INTO carousel_restorerequest (id, user_id, path, path_key, priority, destination, "
-                    "state, attempts, error_class, last_error, created_at, updated_at) "
-                    f"SELECT id, {user_id}, path, path_key, 0, '', 'queued', 0, '', '', now(), now() FROM stage")
+        # As restore_submit writes them: the submission on the request row.
+        requests = ("INSERT INTO carousel_restorerequest (id, user_id, bulk_id, path, path_key, priority, "
+                    "destination, state, attempts, error_class, last_error, created_at, updated_at) "
+                    f"SELECT id, {user_id}, '{bulk_id}', path, path_key, 0, '', 'queued', 0, '', '', now(), now() "
+                    "FROM stage")
         items = f"INSERT INTO carousel_bulkitem (bulk_id, request_id) SELECT '{bulk_id}', id FROM stage"
         costs = {"requests, schema as it is": least(requests)}
         indexes, fks, triggers = schema("carousel_restorerequest")

@@ -4,7 +4,6 @@ virtual environment."""
 import json
 import os
 import pty
-import shutil
 import subprocess
 import sys
 import uuid

@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 
 from carousel.loop import run_cycle
-from carousel.models import Control, RestoreRequest
+from carousel.models import RestoreRequest
 from carousel.services import restore_submit
 from tests.test_backpressure import Backend, control
 

@@ -1,5 +1,6 @@
 """The request list under load: the same answer as DRF's generic rendering, a bounded number
 of queries per page, and an index for every filter the API offers."""
+import json
 import zoneinfo
 from datetime import timedelta
 
@@ -8,6 +9,7 @@ from django.db import connection
 from django.utils import timezone
 from django.test.utils import CaptureQueriesContext
 from rest_framework import serializers
+from rest_framework.renderers import JSONRenderer
 
 from api.serializers import RequestSerializer
 from carousel import selectors
@@ -122,3 +124,19 @@ def test_a_submission_writes_items_only_for_files_asked_for_again(as_alice, alic
         assert as_alice.get(f"/api/v1/bulks/{bulk['bulk_id']}/").json()["states"]["queued"] == len(paths)
     assert as_alice.post(f"/api/v1/bulks/{second['bulk_id']}/cancel/").json()["cancelled"] == 3
     assert sorted(RestoreRequest.objects.filter(state="queued").values_list("path", flat=True)) == ["/i/a"]
+
+
+def test_the_list_from_rows_renders_what_the_serializer_renders_from_instances(varied, as_operator, alice, now):
+    """The list's page is rendered from values() rows (no model instances); each row must come
+    out as RequestSerializer gives it for the instance, in UTC and in another time zone."""
+    restore_submit(user=alice, paths=["/l/new"], now=now + timedelta(seconds=20))  # neither located nor sent
+    varied = list(RestoreRequest.objects.select_related("tape", "user").order_by("id"))
+    assert any(r.job_id for r in varied) and any(r.job_id is None for r in varied)
+    assert any(r.tape_id for r in varied) and any(r.tape_id is None for r in varied)
+    rows = RestoreRequest.objects.order_by("id").values(*RequestSerializer().row_keys())
+    assert RequestSerializer().rows_representation(rows) == RequestSerializer(varied, many=True).data
+    with timezone.override(zoneinfo.ZoneInfo("America/New_York")):
+        assert RequestSerializer().rows_representation(rows) == RequestSerializer(varied, many=True).data
+    # And the view serves exactly that, newest first.
+    listed = as_operator.get(URL).json()["results"]
+    assert listed == json.loads(JSONRenderer().render(RequestSerializer(varied[::-1], many=True).data))

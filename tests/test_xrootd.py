@@ -6,7 +6,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 
 import pytest
 
