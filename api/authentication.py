@@ -7,7 +7,8 @@ permissions (as Django's ModelBackend keeps them on the user object) are kept in
 cache for CAROUSEL_TOKEN_CACHE_SECONDS (30 by default) under a digest of the key, never the key
 itself. Whatever could change the answer removes the entries it touches at once: a token
 deleted, a user saved or deleted (deactivated, made superuser), a user's groups or permissions
-changed, a group's permissions changed or the group deleted. What bypasses model signals
+changed, a group's permissions changed or the group deleted, the user's Account saved or deleted
+(whether it acts for others is cached on the user too). What bypasses model signals
 (QuerySet.update() on users, a Permission row deleted, SQL by hand) takes effect within the TTL.
 Only successful look-ups are kept: an unknown key or an inactive user is read from the database
 every time, with DRF's errors."""
@@ -21,6 +22,8 @@ from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
+
+from carousel.models import Account
 
 PREFIX = "authtoken:"
 
@@ -45,8 +48,10 @@ class CachedTokenAuthentication(TokenAuthentication):
         if token is not None and token.key == key:
             return token.user, token
         user, token = super().authenticate_credentials(key)
-        # Computed now so the cached user carries them (ModelBackend's _perm_cache and kin).
+        # Computed now so the cached user carries them (ModelBackend's _perm_cache and kin), and
+        # whether it is a service account (every list of its requests asks).
         user.get_all_permissions()
+        user.carousel_acts_for_others = Account.objects.filter(user=user, acts_for_others=True).exists()
         cache.set(cache_key, token, timeout=_seconds())
         return user, token
 
@@ -72,6 +77,10 @@ def _user_changed(sender, instance, **kwargs):
     # The user's tokens may already be gone (a cascade deletes them first, and each one's
     # post_delete forgets it); a save (is_active, is_superuser) forgets every token it has.
     forget_users([instance.pk])
+
+
+def _account_changed(sender, instance, **kwargs):
+    forget_users([instance.user_id])
 
 
 def _everyone():
@@ -105,6 +114,9 @@ def connect():
     post_delete.connect(_token_deleted, sender=Token, dispatch_uid="api.auth.token_deleted")
     post_save.connect(_user_changed, sender=User, dispatch_uid="api.auth.user_saved")
     post_delete.connect(_user_changed, sender=User, dispatch_uid="api.auth.user_deleted")
+    # Whether the user is a service account (acts_for_others) is cached with it too.
+    post_save.connect(_account_changed, sender=Account, dispatch_uid="api.auth.account_saved")
+    post_delete.connect(_account_changed, sender=Account, dispatch_uid="api.auth.account_deleted")
     m2m_changed.connect(_user_m2m_changed, sender=User.groups.through, dispatch_uid="api.auth.user_groups")
     m2m_changed.connect(_user_m2m_changed, sender=User.user_permissions.through, dispatch_uid="api.auth.user_perms")
     m2m_changed.connect(_group_changed, sender=Group.permissions.through, dispatch_uid="api.auth.group_perms")

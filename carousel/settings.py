@@ -194,7 +194,7 @@ CELERY_TASK_IGNORE_RESULT = True
 # under var/, which every process of the embedded default sees (a per-process memory cache
 # would let each gunicorn worker count its own throttle).
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+    CACHES = {"default": {"BACKEND": "carousel.cache.RedisCache", "LOCATION": REDIS_URL,
                           "KEY_PREFIX": "carousel"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",

@@ -14,7 +14,7 @@ from .conftest import client_for
 
 SUMMARY = "/api/v1/summary/"
 LIST = "/api/v1/requests/"
-AUTH_TABLES = ("authtoken_token", "auth_user", "auth_permission", "auth_group")  # read FROM them
+AUTH_TABLES = ("authtoken_token", "auth_user", "auth_permission", "auth_group", "carousel_account")  # read FROM them
 
 
 def auth_queries(client, url):
@@ -97,3 +97,35 @@ def test_without_the_cache_the_database_answers_every_time(settings, as_alice):
     settings.CAROUSEL_TOKEN_CACHE_SECONDS = 0
     as_alice.get(SUMMARY)
     assert auth_queries(as_alice, SUMMARY)
+
+
+def test_a_service_account_made_or_unmade_counts_at_once(alice, bob, as_alice, now):
+    """Whether the token's owner acts for others is cached with it: a service account lists
+    the requests it submitted for others, and the change of the flag is seen at the next poll."""
+    from carousel.grid import submission_create
+    from carousel.models import Account
+
+    restore_submit(user=alice, now=now, paths=["/a/1"])
+    assert seen(as_alice) == {"/a/1"}
+    account, _ = Account.objects.get_or_create(user=alice)
+    account.acts_for_others = True
+    account.save()
+    submission_create(submitter=alice, on_behalf_of="bob", paths=["/b/for-bob"], now=now)
+    assert seen(as_alice) == {"/a/1", "/b/for-bob"}
+    assert auth_queries(as_alice, LIST) == []  # and then cached again
+    account.acts_for_others = False
+    account.save()
+    assert seen(as_alice) == {"/a/1"}
+
+
+def test_the_redis_cache_builds_one_client_per_pool(settings):
+    """Django's Redis backend builds a redis.Redis per call (a table of ~170 callbacks each
+    time); carousel.cache keeps one per connection pool."""
+    from django.core.cache import cache
+
+    if settings.CACHES["default"]["BACKEND"] != "carousel.cache.RedisCache":
+        pytest.skip("the embedded default has no Redis")
+    cache.set("carousel-test-client", 1)
+    client = cache._cache.get_client(write=True)
+    assert cache.get("carousel-test-client") == 1
+    assert cache._cache.get_client(write=True) is client and cache._cache.get_client() is client
