@@ -16,7 +16,7 @@ from django.db.models import Exists, OuterRef, Q
 from . import db, selectors, services
 from .exceptions import CarouselError, InvalidSubmission, NotAllowed
 from .models import (
-    ACTIVE_STATES, Account, Bulk, ErrorClass, FileLocation, RequestState, RestoreRequest, path_key,
+    ACTIVE_STATES, Account, Bulk, ErrorClass, FileLocation, Intake, RequestState, RestoreRequest, path_key,
 )
 from .paths import check_path
 
@@ -97,7 +97,7 @@ def unfinished_stage_requests(user, limit):
     """How many of the user's submissions still have active files, counted up to `limit`."""
     created = RestoreRequest.objects.filter(bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
     asked_again = RestoreRequest.objects.filter(bulk_items__bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
-    return (Bulk.objects.filter(user=user).filter(Q(Exists(created)) | Q(Exists(asked_again)))
+    return (Bulk.objects.filter(user=user).filter(Q(pending__gt=0) | Q(Exists(created)) | Q(Exists(asked_again)))
             .values("pk")[:limit].count())
 
 
@@ -160,7 +160,11 @@ def stage_paths(bulk):
 
 def stage_status(bulk):
     """GET stage/{id}: the request and every file, in the API's words."""
-    rows = (selectors.bulk_requests(bulk).order_by("id")
+    # Read, not settled: a poll right after a big POST shows the files still in the intake as
+    # SUBMITTED rather than waiting for them to be queued. Read first, so that a move committed
+    # between the two reads shows a file twice (the request wins) rather than not at all.
+    waiting = list(Intake.objects.filter(bulk_id=bulk.pk).values_list("path", flat=True)) if bulk.pending else []
+    rows = (RestoreRequest.objects.filter(selectors.in_bulk(bulk)).order_by("id")
             .values_list("path", "state", "submitted_at", "started_at", "finished_at", "last_error"))
     files = []
     first_start = None
@@ -183,6 +187,10 @@ def stage_status(bulk):
         if began:
             first_start = min(first_start or began, began)
         files.append(entry)
+    if waiting:
+        listed = {f["path"] for f in files}
+        files.extend({"path": path, "state": "SUBMITTED"} for path in waiting if path not in listed)
+        unfinished = True
     body = {"id": str(bulk.id), "createdAt": _seconds(bulk.created_at),
             # Carousel takes a request in hand as it arrives: queued is already started.
             "startedAt": _seconds(first_start or bulk.created_at)}

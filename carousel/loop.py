@@ -16,7 +16,7 @@ from django.db.models import F, Sum
 
 from policies.selection import share_policy, sort_policy
 
-from . import db, health as h, metrics, plugins
+from . import db, health as h, intake, metrics, plugins
 from .claiming import claim_jobs
 from .deadlines import end_overdue_jobs
 from .delivery import dispatch_deliveries
@@ -78,6 +78,9 @@ def run_cycle(*, now, stager=None):
 
 
 def _steps(*, now, stager, control, report):
+    # Big submissions whose files still wait in the intake (the task that queues them right
+    # after their answer did not run: a worker down) join the queue first.
+    intake.settle_pending(now=now)
     # What changes with time alone: deadlines passed, retry times reached.
     report.expired = expire_requests(now=now)
     report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)

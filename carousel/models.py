@@ -384,13 +384,24 @@ class Bulk(models.Model):
     # the activity named there, kept for reports.
     metadata = models.JSONField(default=dict, blank=True)
     activity = models.CharField(max_length=128, blank=True)
+    # A big submission's new files wait in the intake (Intake rows) until the mover queues
+    # them, with the options below, moments after the answer (carousel/intake.py).
+    pending = models.PositiveIntegerField(default=0, help_text="New files still in the intake, not yet queued.")
+    priority = models.PositiveSmallIntegerField(default=0)
+    destination = models.CharField(max_length=4096, blank=True, default="")
+    deadline = models.DateTimeField(null=True, blank=True)
+    pin_lifetime = models.DurationField(null=True, blank=True)
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                              db_index=False)
 
     class Meta:
         indexes = [models.Index(fields=["user", "-created_at"]),
                    models.Index(fields=["label"], name="bulk_label", condition=~Q(label="")),
                    # The loop's completion notices look only at submissions still to be told.
                    models.Index(fields=["created_at"], name="bulk_notify_pending",
-                                condition=Q(notify=True, notified_at__isnull=True))]
+                                condition=Q(notify=True, notified_at__isnull=True)),
+                   # The mover and a user's next submission find what still waits in the intake.
+                   models.Index(fields=["user", "created_at"], name="bulk_intake_pending", condition=Q(pending__gt=0))]
 
     def __str__(self):
         return str(self.id)
@@ -598,6 +609,20 @@ class BulkItem(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["bulk", "request"], name="bulkitem_unique")]
+
+
+class Intake(models.Model):
+    """A new file of a big submission, accepted and durable, not yet a RestoreRequest. The POST
+    writes these narrow rows (one COPY, one index) and answers; carousel/intake.py moves them into
+    the queue, where each row enters the scheduler's indexes, triggers and foreign keys. No
+    foreign key constraint in the database: the mover and Django's cascade from Bulk are the only
+    writers, and a check per row would cost the POST what the intake saves."""
+
+    pk = models.CompositePrimaryKey("bulk", "n")
+    bulk = models.ForeignKey(Bulk, on_delete=models.CASCADE, related_name="+", db_constraint=False, db_index=False)
+    n = models.PositiveIntegerField(help_text="The file's place among the submission's new files.")
+    path = models.TextField()
+    path_key = models.UUIDField()
 
 
 class Transition(models.Model):

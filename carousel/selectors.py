@@ -71,6 +71,9 @@ def filter_requests(qs, *, state=None, bulk=None, tape=None, since=None, until=N
     if state:
         qs = qs.filter(state__in=state)
     if bulk:
+        from .intake import settle_if_pending
+
+        settle_if_pending(bulk)  # the list of a submission shows all of it
         qs = qs.filter(in_bulk(bulk))
     if tape:
         qs = qs.filter(tape__label=tape)
@@ -135,6 +138,11 @@ def in_bulk(bulk):
 
 
 def bulk_requests(bulk):
+    """A submission's requests, every file of it: files still waiting in the intake are queued
+    first (carousel/intake.py; no query when none waits)."""
+    from .intake import settle_if_pending
+
+    settle_if_pending(bulk)
     return RestoreRequest.objects.filter(in_bulk(bulk))
 
 

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Value
 
-from . import db, selectors
+from . import db, intake, selectors
 from .exceptions import InvalidSubmission, NotAllowed, QueueCeilingReached
 from .models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
@@ -94,6 +94,9 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         # One submission per user at a time, so the ceiling check cannot be raced.
         Account.objects.get_or_create(user=user)
         account = Account.objects.select_for_update().get(user=user)
+        # The user's earlier submissions still in the intake are queued first, so that this
+        # one's duplicates and ceiling are judged against all of them.
+        intake.settle_user(user)
         control = Control.get()
         active = list(
             RestoreRequest.objects.filter(db.in_keys("path_key", keys), state__in=ACTIVE_STATES)
@@ -117,25 +120,16 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
                     f"your ceiling is {ceiling}. Wait for some to finish or cancel some, then submit again.")
 
         group = group or account.group or user.groups.order_by("id").first()
+        big = len(new) > settings.CAROUSEL_INTAKE_ABOVE
         bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify,
-                                   label=label)
-        columns = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "destination", "deadline",
-                   "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
-                   "created_at", "updated_at", "submitted_at", "started_at")
-        common = (priority, destination or "", deadline, pin_lifetime)
-
-        def row(path, key):
-            shared = in_flight.get(key)
-            if shared:
-                state, job_id, job_rank, submitted_at, started_at = shared
-                return (user.id, group and group.id, bulk.id, path, key, *common, state, 0, "", "", job_id,
-                        job_rank, now, now, submitted_at, started_at)
-            return (user.id, group and group.id, bulk.id, path, key, *common, S.QUEUED, 0, "", "", None, 0,
-                    now, now, None, None)
-
-        # New requests carry their submission on the row (no ids needed back); only the files
-        # this user had already asked for get a BulkItem naming this submission too.
-        db.insert_rows(RestoreRequest, columns, (row(p, k) for p, k in new), ids=False)
+                                   label=label, pending=len(new) if big else 0, priority=priority,
+                                   destination=destination or "", deadline=deadline, pin_lifetime=pin_lifetime,
+                                   group=group)
+        if big:
+            intake.write(bulk, new)
+        else:
+            intake.queue_new(bulk, new, in_flight, now)
+        # Only the files this user had already asked for get a BulkItem naming this submission too.
         db.insert_rows(BulkItem, ("bulk_id", "request_id"), ((bulk.id, own[k]) for k in dict.fromkeys(keys)
                                                              if k in own), ids=False)
     shared = sum(1 for _, k in new if k in in_flight)

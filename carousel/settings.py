@@ -279,6 +279,11 @@ CAROUSEL_WLCG_FETCH_TIMEOUT_S = 10.0
 
 # Limits of one submission.
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
+# A submission of more new files than this is answered once they are durable in the intake and
+# queued moments later (carousel/intake.py). Storing a request directly costs about 60 us
+# (docs/benchmarks.md, "Ingest against a bare COPY"), so up to 1,000 files are queued within the
+# answer's ~60 ms, as an XRootD hook's one-file prepare is; bigger ones would wait seconds.
+CAROUSEL_INTAKE_ABOVE = int(os.environ.get("CAROUSEL_INTAKE_ABOVE", "1000"))
 CAROUSEL_MAX_PATH_BYTES = 4096
 
 # Who may scrape /metrics (carousel/metrics.py): clients from these networks (CIDR,

@@ -6,7 +6,7 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from . import delivery, loop, plugins, withdrawals
+from . import delivery, intake, loop, plugins, withdrawals
 from .models import Control
 
 log = logging.getLogger("carousel.loop")
@@ -59,3 +59,10 @@ def deliver(ids):
     """Put staged files where their users asked (dispatched by the loop, throttled per file system)."""
     delivery.deliver_requests(ids, now=timezone.now())
 
+
+
+@shared_task(name="carousel.tasks.settle_intake", ignore_result=True)
+def settle_intake(bulk_id):
+    """Queue a big submission's files from the intake, right after its answer (carousel/intake.py);
+    what this does not do, the next cycle does."""
+    intake.settle(bulk_id, now=timezone.now())

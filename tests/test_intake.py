@@ -1,0 +1,120 @@
+"""Big submissions through the intake (carousel/intake.py): answered once their files are durable,
+queued moments later exactly as the direct path would have queued them, and never lost, doubled
+or hidden in between."""
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group
+
+from carousel import intake
+from carousel.loop import run_cycle
+from carousel.models import Bulk, BulkItem, Intake, Job, RequestState as S, RestoreRequest
+from carousel.services import restore_submit
+
+URL = "/api/v1/requests/"
+STAGE = "/api/tape-rest/v1/stage/"
+COMPARED = ("group_id", "priority", "destination", "deadline", "pin_lifetime", "state", "attempts", "job_id",
+            "created_at")
+
+
+@pytest.fixture
+def small_intake(settings):
+    settings.CAROUSEL_INTAKE_ABOVE = 2  # three new files or more go through the intake
+    settings.CAROUSEL_DESTINATION_ROOTS = ["/dest"]
+
+
+def options(now):
+    return {"priority": 2, "destination": "/dest", "deadline": now + timedelta(days=1),
+            "pin_lifetime": timedelta(hours=3)}
+
+
+def test_a_big_submission_is_answered_from_the_intake_and_queued_as_the_direct_path_would(
+        small_intake, alice, now):
+    alice.groups.add(Group.objects.create(name="star"))
+    direct = restore_submit(user=alice, paths=["/d/1", "/d/2"], now=now, **options(now))
+    big = restore_submit(user=alice, paths=["/i/1", "/i/2", "/i/3"], now=now, **options(now))
+    assert (direct.bulk.pending, big.bulk.pending, big.created) == (0, 3, 3)
+    assert RestoreRequest.objects.filter(bulk=big.bulk).count() == 0
+    assert sorted(Intake.objects.values_list("path", flat=True)) == ["/i/1", "/i/2", "/i/3"]
+
+    assert intake.settle(big.bulk.pk, now=now + timedelta(seconds=5)) == 3
+    assert intake.settle(big.bulk.pk, now=now) == 0  # a second settler finds nothing to do
+    assert not Intake.objects.exists() and Bulk.objects.get(pk=big.bulk.pk).pending == 0
+    reference = RestoreRequest.objects.filter(bulk=direct.bulk).values(*COMPARED).first()
+    moved = list(RestoreRequest.objects.filter(bulk=big.bulk).order_by("path").values("path", *COMPARED))
+    assert [m.pop("path") for m in moved] == ["/i/1", "/i/2", "/i/3"]
+    assert reference["group_id"] is not None and reference["state"] == S.QUEUED
+    assert moved == [reference] * 3  # created_at: the submission's time, not the move's
+
+
+def test_the_tape_rest_door_lists_every_file_right_after_the_post(small_intake, alice, as_alice):
+    paths = [f"/t/{i}" for i in range(5)]
+    r = as_alice.post(STAGE, {"files": [{"path": p} for p in paths]}, format="json")
+    assert r.status_code == 201
+    rid = r.headers["Location"].rstrip("/").rsplit("/", 1)[1]
+    assert Intake.objects.count() == 5 and not RestoreRequest.objects.exists()
+    body = as_alice.get(f"{STAGE}{rid}").json()
+    assert sorted((f["path"], f["state"]) for f in body["files"]) == [(p, "SUBMITTED") for p in paths]
+    assert "completedAt" not in body
+    # Cancelling some of its paths queues the rest and cancels those.
+    r = as_alice.post(f"{STAGE}{rid}/cancel", {"paths": ["/t/0"]}, format="json")
+    assert r.status_code == 200, r.content
+    assert dict(RestoreRequest.objects.values_list("path", "state")) == {
+        "/t/0": S.CANCELLED, **{p: S.QUEUED for p in paths[1:]}}
+
+
+def test_the_users_next_submission_sees_the_waiting_files_as_its_own(small_intake, alice, now):
+    first = restore_submit(user=alice, paths=["/n/1", "/n/2", "/n/3"], now=now)
+    second = restore_submit(user=alice, paths=["/n/3", "/n/4"], now=now)
+    assert (second.created, second.existing) == (1, 1)
+    assert Bulk.objects.get(pk=first.bulk.pk).pending == 0  # queued before the second was judged
+    assert RestoreRequest.objects.filter(user=alice, state=S.QUEUED).count() == 4
+    assert list(BulkItem.objects.values_list("bulk_id", "request__path")) == [(second.bulk.pk, "/n/3")]
+
+
+def test_the_ceiling_counts_the_waiting_files(small_intake, alice, now):
+    from carousel.exceptions import QueueCeilingReached
+    from carousel.models import Control
+
+    Control.objects.update_or_create(id=1, defaults={"default_queued_ceiling": 5})
+    restore_submit(user=alice, paths=["/c/1", "/c/2", "/c/3"], now=now)
+    with pytest.raises(QueueCeilingReached):
+        restore_submit(user=alice, paths=["/c/4", "/c/5", "/c/6"], now=now)
+    # The refusal stored nothing of the second; the first's files are all there (the move ran in
+    # the refused transaction and was rolled back with it: they still wait, for the next mover).
+    assert RestoreRequest.objects.count() + Intake.objects.count() == 3
+    assert Bulk.objects.count() == 1
+
+
+def test_deleting_the_stage_request_leaves_nothing_waiting(small_intake, as_alice):
+    r = as_alice.post(STAGE, {"files": [{"path": f"/x/{i}"} for i in range(4)]}, format="json")
+    rid = r.headers["Location"].rstrip("/").rsplit("/", 1)[1]
+    assert as_alice.delete(f"{STAGE}{rid}").status_code == 200
+    assert not Intake.objects.exists() and not Bulk.objects.exists()
+    assert set(RestoreRequest.objects.values_list("state", flat=True)) == {S.CANCELLED}
+
+
+def test_the_task_sent_at_the_commit_queues_them(small_intake, alice, now, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):  # Celery runs eagerly in tests
+        result = restore_submit(user=alice, paths=["/k/1", "/k/2", "/k/3"], now=now)
+    assert RestoreRequest.objects.filter(bulk=result.bulk).count() == 3 and not Intake.objects.exists()
+
+
+def test_the_cycle_queues_what_still_waits(small_intake, alice, now):
+    """The worker was down when the task was sent: the next cycle moves the files, locates and
+    sends them."""
+    restore_submit(user=alice, paths=["/w/1", "/w/2", "/w/3"], now=now)
+    run_cycle(now=now)
+    assert not Intake.objects.exists()
+    assert set(RestoreRequest.objects.values_list("state", flat=True)) == {S.SUBMITTED}
+
+
+def test_a_waiting_file_another_user_stages_joins_that_stage_at_the_move(small_intake, alice, bob, now):
+    restore_submit(user=bob, paths=["/j/1"], now=now)
+    run_cycle(now=now)
+    job = Job.objects.get()
+    big = restore_submit(user=alice, paths=["/j/1", "/j/2", "/j/3"], now=now + timedelta(seconds=1))
+    assert big.shared == 1
+    intake.settle(big.bulk.pk, now=now + timedelta(seconds=2))
+    joined = RestoreRequest.objects.get(user=alice, path="/j/1")
+    assert (joined.state, joined.job_id, joined.attempts) == (S.SUBMITTED, job.id, 0)
