@@ -88,6 +88,7 @@ def fill(queued):
     from django.utils import timezone
     from rest_framework.authtoken.models import Token
 
+    from carousel import intake
     from carousel.models import Control, RestoreRequest
     from carousel.services import restore_submit
 
@@ -104,6 +105,9 @@ def fill(queued):
                        paths=[f"/load/big/run{i // 1000:05d}/f{i:07d}.root" for i in range(first, min(queued, first + 100_000))])
     if not RestoreRequest.objects.filter(user=small).exists():
         restore_submit(user=small, now=timezone.now(), paths=[f"/load/small/f{i}.root" for i in range(10)])
+    # Big submissions are answered from the intake; a worker queues them moments later (none
+    # runs here): the polls must read a queue of `queued` requests.
+    intake.settle_pending(now=timezone.now(), most=queued)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     print(f"queued: {RestoreRequest.objects.filter(user=big).count():,} for {BIG}, "

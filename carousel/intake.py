@@ -16,7 +16,9 @@ direct path would have stored them (queue_new serves both):
 
 Until then the Tape REST door shows the waiting files as SUBMITTED (grid.stage_status) and the
 submission's counts show them as queued."""
+import contextvars
 import logging
+from contextlib import contextmanager
 
 from django.conf import settings
 from django.db import transaction
@@ -29,6 +31,26 @@ log = logging.getLogger(__name__)
 COLUMNS = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "destination", "deadline",
            "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
            "created_at", "updated_at", "submitted_at", "started_at")
+
+
+_direct = contextvars.ContextVar("carousel_intake_direct", default=False)
+
+
+@contextmanager
+def direct():
+    """Within it, every submission is queued within its call, however big. For the replays
+    (carousel/sim): they drive the loop in-process on simulated time, with no worker to run the
+    task a commit sends; the requests are the same either way (queue_new serves both)."""
+    token = _direct.set(True)
+    try:
+        yield
+    finally:
+        _direct.reset(token)
+
+
+def goes_through(new_files):
+    """Whether a submission of this many new files is answered from the intake."""
+    return new_files > settings.CAROUSEL_INTAKE_ABOVE and not _direct.get()
 
 
 def in_flight(keys):
@@ -63,7 +85,9 @@ def write(bulk, pairs):
                    ((bulk.id, n, p, k) for n, (p, k) in enumerate(pairs)), ids=False)
     from .tasks import settle_intake
 
-    transaction.on_commit(lambda: settle_intake.delay(str(bulk.id)))
+    # robust: a broker that cannot take the task must not turn the stored submission's answer
+    # into an error; the next cycle queues the files.
+    transaction.on_commit(lambda: settle_intake.delay(str(bulk.id)), robust=True)
 
 
 def settle(bulk_id, *, now=None, wait=True):

@@ -67,7 +67,7 @@ def prune(*, now, older_than=None, batch=None, budget_s=None):
         pruned.jobs += counts.get(Job._meta.label, 0)
     # A submission goes once none of its requests is left: those it created carry it on their row,
     # those it asked for again are BulkItems.
-    bulks = (Bulk.objects.filter(created_at__lt=cutoff)
+    bulks = (Bulk.objects.filter(created_at__lt=cutoff, pending=0)  # none still in the intake
              .exclude(Exists(RestoreRequest.objects.filter(bulk=OuterRef("pk"))))
              .exclude(Exists(BulkItem.objects.filter(bulk=OuterRef("pk")))).order_by("created_at"))
     for counts in _batches(bulks, batch=batch, deadline=deadline, pruned=pruned):

@@ -120,7 +120,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
                     f"your ceiling is {ceiling}. Wait for some to finish or cancel some, then submit again.")
 
         group = group or account.group or user.groups.order_by("id").first()
-        big = len(new) > settings.CAROUSEL_INTAKE_ABOVE
+        big = intake.goes_through(len(new))
         bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify,
                                    label=label, pending=len(new) if big else 0, priority=priority,
                                    destination=destination or "", deadline=deadline, pin_lifetime=pin_lifetime,
@@ -255,7 +255,7 @@ def bulk_notify_complete(*, now):
 
     active = RestoreRequest.objects.filter(bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
     active_again = BulkItem.objects.filter(bulk=OuterRef("pk"), request__state__in=ACTIVE_STATES)
-    finished = (Bulk.objects.filter(notify=True, notified_at__isnull=True)
+    finished = (Bulk.objects.filter(notify=True, notified_at__isnull=True, pending=0)
                 .exclude(Exists(active)).exclude(Exists(active_again)))
     sent = 0
     for bulk in finished.select_related("user").order_by("created_at")[:NOTICES_PER_CALL]:

@@ -118,3 +118,14 @@ def test_a_waiting_file_another_user_stages_joins_that_stage_at_the_move(small_i
     intake.settle(big.bulk.pk, now=now + timedelta(seconds=2))
     joined = RestoreRequest.objects.get(user=alice, path="/j/1")
     assert (joined.state, joined.job_id, joined.attempts) == (S.SUBMITTED, job.id, 0)
+
+
+def test_a_submission_still_waiting_is_not_finished(small_intake, alice, now, mailoutbox):
+    """Its files are not requests yet, so none is active: it must not count as finished (no
+    completion notice) until they are queued and done."""
+    from carousel.services import bulk_notify_complete
+
+    alice.email = "alice@example.org"
+    alice.save()
+    restore_submit(user=alice, paths=["/m/1", "/m/2", "/m/3"], now=now, notify=True)
+    assert bulk_notify_complete(now=now) == 0 and mailoutbox == []

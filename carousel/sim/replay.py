@@ -156,6 +156,7 @@ def setup_database(workload, control):
 def replay_broker(workload, *, control=None, progress=None, mismatch=None):
     """Run the real loop over the workload in the current (empty) database; `mismatch`: a
     library.Mismatch for a library departing from the model the broker plans with."""
+    from .. import intake
     from ..loop import run_cycle
     from ..models import ACTIVE_STATES, Control, RestoreRequest
     from ..services import restore_submit
@@ -178,7 +179,8 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None):
         now = start + cycle * period
         while next_arrival < len(arrivals) and arrivals[next_arrival][0] <= now:
             t, user, paths = arrivals[next_arrival]
-            restore_submit(user=users[user], paths=paths, now=EPOCH + timedelta(seconds=t))
+            with intake.direct():  # no worker here to run the intake's task
+                restore_submit(user=users[user], paths=paths, now=EPOCH + timedelta(seconds=t))
             next_arrival += 1
         clock[0] = now
         report = run_cycle(now=EPOCH + timedelta(seconds=now), stager=stager)
