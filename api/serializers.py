@@ -1,4 +1,5 @@
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -6,6 +7,8 @@ from rest_framework.relations import PKOnlyObject
 from rest_framework.settings import ISO_8601, api_settings
 
 from django.conf import settings
+from django.db import connection
+from django.db.models import CharField, F, Func
 from django.utils import timezone
 
 from carousel.models import Bulk, RequestState, RestoreRequest
@@ -119,7 +122,22 @@ def _same(value):
     return value
 
 
-_ROW_PLANS = {}  # (serializer class, time zone) -> PlainFieldsFirst.row_plan
+_ROW_PLANS = {}  # (serializer class, time zone, database vendor) -> PlainFieldsFirst.row_plan
+
+
+class _RowPlan(NamedTuple):
+    fields: list  # (name, key, convert)
+    names: list  # values() field names
+    annotations: dict  # values() annotations
+
+
+# A timestamptz as DRF writes it in UTC (2026-11-23T18:35:59.860975Z), by the server.
+_UTC_TEXT = "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+
+
+def _utc_text(text):
+    # isoformat() leaves out a zero fraction of a second; to_char always writes six digits.
+    return text[:-8] + "Z" if text.endswith(".000000Z") else text
 # DRF fields whose to_representation reads only the value and the field's own options (not the
 # request, not the time zone): a plan kept across requests may hold them.
 _CONTEXT_FREE = {serializers.BigIntegerField, serializers.DurationField, serializers.UUIDField, serializers.BooleanField, serializers.FloatField,
@@ -151,49 +169,64 @@ class PlainFieldsFirst:
     def row_plan(self):
         """The plan of rows_representation: (name, key, convert) per field, key the name values()
         gives its value under (a column; `fk__column` for a dotted source through a forward
-        foreign key, as user.username; the key column for a primary key related field) or, for a
-        method field, None and the method's name. None if a field has no such value or no
-        one-line rule (the caller then renders model instances). Worked out once per class and
-        time zone, not per page: building a ModelSerializer's fields costs more than rendering
-        the rows. So only rules that read nothing of the request are kept."""
-        key = (type(self), timezone.get_current_timezone() if settings.USE_TZ else None)
+        foreign key, as user.username; the key column for a primary key related field; the
+        annotation of a date-time formatted by PostgreSQL, see below) or, for a method field,
+        None and the method's name. None if a field has no such value or no one-line rule (the
+        caller then renders model instances). Worked out once per class, time zone and database,
+        not per page: building a ModelSerializer's fields costs more than rendering the rows.
+        So only rules that read nothing of the request are kept.
+
+        In UTC on PostgreSQL a date-time column is read as the text DRF would write, formatted by
+        the server: parsing a page's time stamps into aware datetimes (Django's time zone
+        loader over psycopg's) and writing them back was the largest cost of the page."""
+        utc = settings.USE_TZ and timezone.get_current_timezone_name() == "UTC"
+        key = (type(self), timezone.get_current_timezone() if settings.USE_TZ else None, connection.vendor)
         plan = _ROW_PLANS.get(key, False)
         if plan is not False:
             return plan
         columns = {f.attname: f for f in self.Meta.model._meta.concrete_fields}
-        plan = []
+        fields, annotations, reads = [], {}, set()
         for field, name, column, _ in self._plan():
             attrs = field.source_attrs
             relation = columns.get(f"{attrs[0]}_id") if attrs else None
             if isinstance(field, serializers.SerializerMethodField):
-                plan.append((name, None, field.method_name))
+                fields.append((name, None, field.method_name))
+                # What the method reads of the row (Meta.row_method_reads), else every column.
+                reads |= set(getattr(self.Meta, "row_method_reads", {}).get(name, columns))
             elif (isinstance(field, serializers.PrimaryKeyRelatedField) and len(attrs) == 1 and relation
                   and field.pk_field is None):
-                plan.append((name, relation.attname, _same))
+                fields.append((name, relation.attname, _same))
             elif column is not None or (len(attrs) == 2 and relation and not isinstance(field, serializers.RelatedField)
                                         and not relation.related_model._meta.get_field(attrs[1]).is_relation):
                 convert = _fast_converter(field) or (field.to_representation if type(field) in _CONTEXT_FREE else None)
                 if convert is None:
-                    plan = None
-                    break
-                plan.append((name, column or "__".join(attrs), convert))
+                    _ROW_PLANS[key] = None
+                    return None
+                if (utc and connection.vendor == "postgresql" and column is not None
+                        and type(field) is serializers.DateTimeField):
+                    alias = f"{column}_utc_text"
+                    annotations[alias] = Func(F(column), template=_UTC_TEXT, output_field=CharField())
+                    fields.append((name, alias, _utc_text))
+                else:
+                    fields.append((name, column or "__".join(attrs), convert))
             else:
-                plan = None
-                break
-        _ROW_PLANS[key] = plan
+                _ROW_PLANS[key] = None
+                return None
+        pk = self.Meta.model._meta.pk.attname  # the cursor pagination's position
+        names = list(dict.fromkeys([pk, *(k for _, k, _ in fields if k is not None and k not in annotations),
+                                    *sorted(reads)]))
+        plan = _ROW_PLANS[key] = _RowPlan(fields, names, annotations)
         return plan
 
-    def row_keys(self):
-        """What to ask values() for, so that rows_representation has every value it reads: every
-        column (a method field gets the row as a model instance would have them) and the
-        related columns shown."""
-        keys = [f.attname for f in self.Meta.model._meta.concrete_fields]
-        return keys + [key for _, key, _ in self.row_plan() if key is not None and key not in keys]
+    def row_query(self):
+        """values() arguments (names, annotations) giving every value rows_representation reads."""
+        plan = self.row_plan()
+        return plan.names, plan.annotations
 
     def rows_representation(self, rows):
         """What to_representation gives for each model instance, from values() rows: a page of
         the list without building a model instance (and its related ones) per row."""
-        plan = self.row_plan()
+        plan = self.row_plan().fields
         out = []
         for row in rows:
             ret = {}
@@ -237,6 +270,7 @@ class RequestSerializer(PlainFieldsFirst, serializers.ModelSerializer):
                   "deadline", "pin_lifetime", "attempts", "error_class", "last_error", "job",
                   "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at"]
         read_only_fields = fields
+        row_method_reads = {"disk_path": ("state", "staged_path")}  # the list renders from rows
 
     def get_disk_path(self, obj) -> str | None:
         return obj.staged_path or None if obj.state == RequestState.DONE else None

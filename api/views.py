@@ -64,7 +64,8 @@ class RequestListCreate(generics.ListAPIView):
         serializer = self.get_serializer()
         if serializer.row_plan() is None:
             return super().list(request, *args, **kwargs)
-        page = self.paginate_queryset(self.get_queryset().values(*serializer.row_keys()))
+        names, annotations = serializer.row_query()
+        page = self.paginate_queryset(self.get_queryset().values(*names, **annotations))
         return self.get_paginated_response(serializer.rows_representation(page))
 
     @extend_schema(request=s.SubmitSerializer, responses={201: s.SubmitResultSerializer},
