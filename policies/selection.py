@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import timezone as dt_timezone
 from itertools import groupby
 
-from django.db.models import Count
+from django.db.models import Count, Sum
 
 from carousel import db
 from carousel.models import (
@@ -40,6 +40,8 @@ TOP_TAPES_SQL = ("SELECT user_id, tape_id, files FROM carousel_tapebacklog WHERE
                  f"AND {_NOT_QUARANTINED} ORDER BY files DESC, tape_id LIMIT {{n}}")
 OLDEST_ON_TAPE_SQL = (f"SELECT tape_id, created_at FROM carousel_restorerequest WHERE tape_id = {{a}} AND {_READY} "
                       "ORDER BY created_at LIMIT {n}")
+USER_ON_TAPE_SQL = ("SELECT user_id, tape_id, files FROM carousel_tapebacklog WHERE user_id = {a} AND tape_id = {b} "
+                    "AND files > 0 LIMIT {n}")
 ON_TAPE_SQL = (f"SELECT {_COLUMNS} FROM carousel_restorerequest WHERE user_id = {{a}} AND tape_id = {{b}} "
                f"AND {_READY} ORDER BY position LIMIT {{n}}")
 
@@ -124,6 +126,7 @@ def select(*, now, control, sort, share, slots, most_slots=None):
         # large part of a campaign.
         return _virtual(held[user] + run_seconds(queues[user][0], result.tapes), weights.get(user, 0.0)), user
 
+    complete = set()  # tapes whose user_files hold every user's count (see _tape_info)
     heap = [turn(u) for u in queues]
     heapq.heapify(heap)
     remaining = slots
@@ -155,6 +158,7 @@ def select(*, now, control, sort, share, slots, most_slots=None):
                 break  # a whole tape waits for its turn at a later cycle, when slots free up
             run = run[:fit]
         elif sort.whole_tapes:
+            _every_user(result.tapes[run[0].tape], complete)
             riders = _riders(result.tapes[run[0].tape], user, group, len(run), limits, result.allotments,
                              group_room, remaining - len(run))
         along = [c for c in _candidates(db.lateral(ON_TAPE_SQL, [(u, run[0].tape, n) for u, n in riders.items()]),
@@ -323,26 +327,37 @@ def _gather(allotments, taken, sort, now, tapes):
                 break  # enough files on these tapes to fill the allotment
     for c in _candidates(db.lateral(ON_TAPE_SQL, triples), now):
         pools[c.user][c.id] = c
-    _tape_info({c.tape for pool in pools.values() for c in pool.values()} - set(tapes), now, tapes)
+    pairs = {(c.user, c.tape) for pool in pools.values() for c in pool.values()}
+    _tape_info({t for _, t in pairs} - set(tapes), now, tapes, pairs)
     return {user: list(pool.values()) for user, pool in pools.items()}
 
 
-def _tape_info(new_tapes, now, tapes):
+def _tape_info(new_tapes, now, tapes, pairs):
     """Fill `tapes` with what the policies need to know of each tape: per tape a few index
-    probes (its backlog counters, its oldest ready request), not a scan of its queue."""
+    probes (its backlog counters summed by the database, its oldest ready request), not a scan
+    of its queue. user_files holds the counts of the users whose pools hold the tape (`pairs`:
+    (user, tape)); every user's is read once the tape is chosen (_every_user, for the riders).
+    A pool spans thousands of tapes with dozens of users each: reading every user's counter of
+    every one was the cycle's costliest step at a million queued requests."""
     if not new_tapes:
         return
     media = dict(Tape.objects.filter(id__in=new_tapes).values_list("id", "media"))
-    totals = defaultdict(lambda: [0, 0])
+    totals = {t: (f, b or 0) for t, f, b in TapeBacklog.objects.filter(tape_id__in=new_tapes, files__gt=0)
+              .order_by().values("tape_id").annotate(f=Sum("files"), b=Sum("bytes")).values_list("tape_id", "f", "b")}
     user_files = defaultdict(dict)
-    for u, t, f, b in TapeBacklog.objects.filter(tape_id__in=new_tapes, files__gt=0).values_list(
-            "user_id", "tape_id", "files", "bytes"):
+    for u, t, f in db.lateral(USER_ON_TAPE_SQL, [(u, t, 1) for u, t in sorted(pairs) if t in new_tapes]):
         user_files[t][u] = f
-        totals[t][0] += f
-        totals[t][1] += b or 0
     oldest = {t: at for t, at in db.lateral(OLDEST_ON_TAPE_SQL, [(t, 1) for t in sorted(new_tapes)])}
     for t in new_tapes:
         files, nbytes = totals.get(t, (0, 0))
         age = (now - _aware(oldest[t])).total_seconds() if t in oldest else 0.0
         tapes[t] = TapeInfo(id=t, media=media.get(t) or None, files=files, bytes=nbytes,
                             oldest_age_s=age, user_files=user_files[t])
+
+
+def _every_user(tape, complete):
+    """Complete `tape`'s user_files with every user's ready requests on it (once per cycle)."""
+    if tape.id in complete:
+        return
+    tape.user_files.update(TapeBacklog.objects.filter(tape_id=tape.id, files__gt=0).values_list("user_id", "files"))
+    complete.add(tape.id)

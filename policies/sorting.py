@@ -2,7 +2,7 @@
 out. The selection step (policies/selection.py) gathers a bounded pool of candidates per user
 from the database and calls choose() with it."""
 from dataclasses import dataclass, field
-from itertools import groupby
+from itertools import groupby, islice
 
 from .order import read_order
 
@@ -26,7 +26,9 @@ class TapeInfo:
     files: int  # ready requests on the tape, all users
     bytes: int
     oldest_age_s: float
-    user_files: dict = field(default_factory=dict)  # user id -> that user's ready requests on it
+    # user id -> that user's ready requests on it: the users whose candidates are on it (and
+    # every user, once the selection chose the tape: policies/selection.py, the riders)
+    user_files: dict = field(default_factory=dict)
     # Read orders already worked out this cycle (in_read_order): the same tape's files are
     # ordered when a policy ranks a pool, when the selection charges a mount, and when claiming
     # makes the job; with scattered files the order takes milliseconds a tape.
@@ -63,10 +65,17 @@ def in_read_order(candidates, tapes):
     return [by_id[i] for i in order]
 
 
-def by_tape_in_read_order(candidates, tapes):
-    """{tape id: that tape's candidates in read order}."""
+def by_tape(candidates):
+    """{tape id: that tape's candidates}, in no particular order within a tape."""
     ordered = sorted(candidates, key=lambda c: c.tape)
-    return {t: in_read_order(list(cs), tapes) for t, cs in groupby(ordered, key=lambda c: c.tape)}
+    return {t: list(cs) for t, cs in groupby(ordered, key=lambda c: c.tape)}
+
+
+def tapes_in_read_order(groups, tape_ids, tapes):
+    """The candidates of `groups` ({tape: candidates}), tape after tape in the order of
+    `tape_ids`, each tape's in read order, worked out only when it is reached."""
+    for tape_id in tape_ids:
+        yield from in_read_order(groups[tape_id], tapes)
 
 
 class SortPolicy:
@@ -86,6 +95,20 @@ class SortPolicy:
         """Return the candidates (one user's, all ready) in the order they should go."""
         raise NotImplementedError
 
+    def tape_order(self, candidates, tapes, params):
+        """For a policy that ranks tape by tape, each tape's files in read order: the tape ids
+        of the candidates in rank order. Then rank() and choose() order a tape's files only when
+        the allotment reaches it (a user's pool spans hundreds of tapes, of which a few go).
+        None (the default): the policy ranks files, by rank()."""
+        return None
+
+    def ranked(self, candidates, tapes, params):
+        """rank()'s order as an iterable, read only as far as choose() needs it."""
+        order = self.tape_order(candidates, tapes, params)
+        if order is None:
+            return iter(self.rank(candidates, tapes, params))
+        return tapes_in_read_order(by_tape(candidates), order, tapes)
+
     def choose(self, candidates, tapes, allotment, params):
         """Up to `allotment` of one user's candidates, in sending order:
         1. requests that waited max_wait_s go first, oldest first, whatever their tape;
@@ -93,13 +116,20 @@ class SortPolicy:
         tapes not yet worth mounting are held back, except for requests of rule 1."""
         if allotment <= 0:
             return []
-        chosen = self._overdue(candidates, tapes, params)[:allotment]
+        chosen = list(islice(self._overdue(candidates, tapes, params), allotment))
         if len(chosen) < allotment:
             taken = {c.id for c in chosen}
             rest = [c for c in candidates if c.id not in taken and worth_mounting(tapes[c.tape], params)]
-            ranked = self.rank(rest, tapes, params)
-            ranked.sort(key=lambda c: -c.priority)  # stable: the policy's rank holds within a priority
-            chosen += ranked[:allotment - len(chosen)]
+            # Higher priority first, and within a priority the policy's rank: a priority at a
+            # time, each read in rank order only as far as the allotment goes.
+            for level in sorted({c.priority for c in rest}, reverse=True):
+                for c in self.ranked(rest, tapes, params):
+                    if c.priority == level:
+                        chosen.append(c)
+                        if len(chosen) >= allotment:
+                            break
+                if len(chosen) >= allotment:
+                    break
         if self.whole_tapes and chosen:
             chosen = _without_cut_tape(chosen, tapes)
         return chosen
@@ -107,13 +137,22 @@ class SortPolicy:
     def _overdue(self, candidates, tapes, params):
         """Requests that waited max_wait_s, the tape of the oldest first, each tape's together
         in the policy's order: a backlog that is overdue as a whole (submitted at once, hours
-        ago) still goes tape by tape, not file by file across all its tapes."""
-        overdue = self.rank([c for c in candidates if c.age_s >= params.max_wait_s], tapes, params)
-        first, oldest = {}, {}
-        for i, c in enumerate(overdue):
-            first.setdefault(c.tape, i)
+        ago) still goes tape by tape, not file by file across all its tapes. Ties (a submission
+        shares one time of entry) go in the policy's order of tapes. An iterable: a tape's files
+        are put in read order only when they are reached."""
+        overdue = [c for c in candidates if c.age_s >= params.max_wait_s]
+        oldest = {}
+        for c in overdue:
             oldest[c.tape] = max(oldest.get(c.tape, 0.0), c.age_s)
-        return sorted(overdue, key=lambda c: (-oldest[c.tape], first[c.tape]))
+        order = self.tape_order(overdue, tapes, params)
+        if order is not None:
+            place = {t: i for i, t in enumerate(order)}
+            return tapes_in_read_order(by_tape(overdue), sorted(order, key=lambda t: (-oldest[t], place[t])), tapes)
+        ranked = self.rank(overdue, tapes, params)
+        first = {}
+        for i, c in enumerate(ranked):
+            first.setdefault(c.tape, i)
+        return iter(sorted(ranked, key=lambda c: (-oldest[c.tape], first[c.tape])))
 
 
 def _without_cut_tape(picked, tapes):
@@ -146,14 +185,16 @@ class TapeId(SortPolicy):
     whole_tapes = True
 
     def rank(self, candidates, tapes, params):
-        groups = by_tape_in_read_order(candidates, tapes)
+        return list(self.ranked(candidates, tapes, params))
+
+    def tape_order(self, candidates, tapes, params):
         user = candidates[0].user if candidates else None
 
         def demand(tape_id):
             tape = tapes[tape_id]
             return (-tape.user_files.get(user, 0), -tape.files, tape_id)
 
-        return [c for tape_id in sorted(groups, key=demand) for c in groups[tape_id]]
+        return sorted({c.tape for c in candidates}, key=demand)
 
 
 class Slider(SortPolicy):
@@ -168,8 +209,11 @@ class Slider(SortPolicy):
     whole_tapes = True
 
     def rank(self, candidates, tapes, params):
+        return list(self.ranked(candidates, tapes, params))
+
+    def tape_order(self, candidates, tapes, params):
         weight = float(params.extra.get("slider_age_weight", 0.5))
-        groups = by_tape_in_read_order(candidates, tapes)
+        groups = by_tape(candidates)
         if not groups:
             return []
         user = candidates[0].user
@@ -181,4 +225,4 @@ class Slider(SortPolicy):
         def score(t):
             return weight * oldest[t] / eldest + (1 - weight) * files[t] / most
 
-        return [c for t in sorted(groups, key=lambda t: (-score(t), t)) for c in groups[t]]
+        return sorted(groups, key=lambda t: (-score(t), t))
