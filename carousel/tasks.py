@@ -51,7 +51,9 @@ def withdraw_on_commit(pairs):
     """Once a cancel that withdraws files commits, have the control queue send its stager calls:
     the caller (an HTTP request, an admin action) does not wait on the stager."""
     if pairs:
-        transaction.on_commit(lambda: withdraw.delay())
+        # robust: the calls are recorded and the cycle sends them; a broker that cannot take
+        # the task must not turn the committed cancel's answer into an error.
+        transaction.on_commit(lambda: withdraw.delay(), robust=True)
 
 
 @shared_task(name="carousel.tasks.deliver", ignore_result=True)

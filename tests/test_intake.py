@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
+from django.utils import timezone
 
 from carousel import intake
 from carousel.loop import run_cycle
@@ -129,3 +130,24 @@ def test_a_submission_still_waiting_is_not_finished(small_intake, alice, now, ma
     alice.save()
     restore_submit(user=alice, paths=["/m/1", "/m/2", "/m/3"], now=now, notify=True)
     assert bulk_notify_complete(now=now) == 0 and mailoutbox == []
+
+
+def test_a_broker_that_refuses_the_tasks_does_not_fail_the_answers(small_intake, alice, as_alice, monkeypatch,
+                                                                    django_capture_on_commit_callbacks):
+    """The submission and the cancel are committed before their tasks are sent: a broker that
+    cannot take a task leaves the work to the cycle, and the answers stay 201 and 200."""
+    from carousel import tasks
+
+    def refused(*args, **kwargs):
+        raise ConnectionError("broker unreachable")
+
+    monkeypatch.setattr(tasks.settle_intake, "delay", refused)
+    monkeypatch.setattr(tasks.withdraw, "delay", refused)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = as_alice.post(URL, {"paths": ["/b/1", "/b/2", "/b/3"]}, format="json")
+    assert r.status_code == 201 and Intake.objects.count() == 3
+    run_cycle(now=timezone.now())  # queues and sends: the cancel then has files to withdraw
+    assert set(RestoreRequest.objects.values_list("state", flat=True)) == {S.SUBMITTED}
+    with django_capture_on_commit_callbacks(execute=True):
+        r = as_alice.post(f"/api/v1/bulks/{r.json()['bulk_id']}/cancel/")
+    assert r.status_code == 200 and r.json()["cancelled"] == 3
