@@ -24,6 +24,7 @@ from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
 from carousel.models import Account
+from carousel.selectors import acts_for_others
 
 PREFIX = "authtoken:"
 
@@ -51,7 +52,7 @@ class CachedTokenAuthentication(TokenAuthentication):
         # Computed now so the cached user carries them (ModelBackend's _perm_cache and kin), and
         # whether it is a service account (every list of its requests asks).
         user.get_all_permissions()
-        user.carousel_acts_for_others = Account.objects.filter(user=user, acts_for_others=True).exists()
+        user.carousel_acts_for_others = acts_for_others(user, cached=False)
         cache.set(cache_key, token, timeout=_seconds())
         return user, token
 

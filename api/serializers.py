@@ -140,8 +140,8 @@ def _utc_text(text):
     return text[:-8] + "Z" if text.endswith(".000000Z") else text
 # DRF fields whose to_representation reads only the value and the field's own options (not the
 # request, not the time zone): a plan kept across requests may hold them.
-_CONTEXT_FREE = {serializers.BigIntegerField, serializers.DurationField, serializers.UUIDField, serializers.BooleanField, serializers.FloatField,
-                 serializers.DecimalField}
+_CONTEXT_FREE = {serializers.BigIntegerField, serializers.DurationField, serializers.UUIDField,
+                 serializers.BooleanField, serializers.FloatField, serializers.DecimalField}
 
 
 class PlainFieldsFirst:

@@ -16,7 +16,7 @@ from django.db.models import Exists, OuterRef, Q
 from . import db, selectors, services
 from .exceptions import CarouselError, InvalidSubmission, NotAllowed
 from .models import (
-    ACTIVE_STATES, Account, Bulk, ErrorClass, FileLocation, Intake, RequestState, RestoreRequest, path_key,
+    ACTIVE_STATES, Bulk, ErrorClass, FileLocation, Intake, RequestState, RestoreRequest, path_key,
 )
 from .paths import check_path
 
@@ -58,7 +58,7 @@ def acting_user(*, user, on_behalf_of):
     """The user a submission is for: the caller, or the one a service account names."""
     if not on_behalf_of:
         return user
-    if not Account.objects.filter(user=user, acts_for_others=True).exists():
+    if not selectors.acts_for_others(user, cached=False):
         raise NotAllowed(f"{user.username} is not a service account: only accounts an operator marks as acting "
                            "for others may submit on_behalf_of another user")
     target = get_user_model().objects.filter(username=on_behalf_of, is_active=True).first()

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from . import db
 from .models import ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, BulkItem, Intake, RequestState, RestoreRequest
@@ -95,8 +96,6 @@ def settle(bulk_id, *, now=None, wait=True):
     process already did (the Bulk row is locked: two settlers of one submission take turns).
     wait=False: leave a submission another process is moving to it. Returns how many files
     were moved."""
-    from django.utils import timezone
-
     now = now or timezone.now()
     with transaction.atomic():
         bulk = Bulk.objects.select_for_update(skip_locked=not wait).filter(pk=bulk_id, pending__gt=0).first()

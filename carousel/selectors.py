@@ -5,6 +5,7 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.db.models import Count, Max, Min, Q, Sum
 
+from .intake import settle_if_pending
 from .models import (
     ACTIVE_STATES, IN_FLIGHT_STATES, READY, Account, Bulk, Control, GroupShare, HealthState, Job, JobState, RequestState,
     RestoreRequest, StagerHealth, TapeBacklog, Transition, UserBacklog, UserStateCount,
@@ -24,9 +25,10 @@ def may_change_all(user):
     return user.has_perm("carousel.change_restorerequest")
 
 
-def _acts_for_others(user):
-    # The API's token cache keeps the answer on the user it caches (api.authentication).
-    known = getattr(user, "carousel_acts_for_others", None)
+def acts_for_others(user, *, cached=True):
+    """Whether the user is a service account (it may submit on behalf of others). The API's
+    token cache keeps the answer on the user it caches (api.authentication)."""
+    known = getattr(user, "carousel_acts_for_others", None) if cached else None
     if known is not None:
         return known
     return Account.objects.filter(user=user, acts_for_others=True).exists()
@@ -35,7 +37,7 @@ def _acts_for_others(user):
 def _own(user):
     """A user's requests; for a service account, also those it submitted for others (the
     XRootD hooks find and cancel what they asked for on a person's behalf)."""
-    if _acts_for_others(user):
+    if acts_for_others(user):
         return Q(user=user) | Q(bulk__submitter=user)
     return Q(user=user)
 
@@ -58,7 +60,7 @@ def visible_bulks(user):
     qs = Bulk.objects.all()
     if may_view_all(user, "bulk"):
         return qs
-    return qs.filter(Q(user=user) | Q(submitter=user)) if _acts_for_others(user) else qs.filter(user=user)
+    return qs.filter(Q(user=user) | Q(submitter=user)) if acts_for_others(user) else qs.filter(user=user)
 
 
 def request_list(*, user, **filters):
@@ -71,8 +73,6 @@ def filter_requests(qs, *, state=None, bulk=None, tape=None, since=None, until=N
     if state:
         qs = qs.filter(state__in=state)
     if bulk:
-        from .intake import settle_if_pending
-
         settle_if_pending(bulk)  # the list of a submission shows all of it
         qs = qs.filter(in_bulk(bulk))
     if tape:
@@ -140,8 +140,6 @@ def in_bulk(bulk):
 def bulk_requests(bulk):
     """A submission's requests, every file of it: files still waiting in the intake are queued
     first (carousel/intake.py; no query when none waits)."""
-    from .intake import settle_if_pending
-
     settle_if_pending(bulk)
     return RestoreRequest.objects.filter(in_bulk(bulk))
 

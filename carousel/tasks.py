@@ -62,7 +62,6 @@ def deliver(ids):
     delivery.deliver_requests(ids, now=timezone.now())
 
 
-
 @shared_task(name="carousel.tasks.settle_intake", ignore_result=True)
 def settle_intake(bulk_id):
     """Queue a big submission's files from the intake, right after its answer (carousel/intake.py);

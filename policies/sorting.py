@@ -92,8 +92,12 @@ class SortPolicy:
     whole_tapes = False
 
     def rank(self, candidates, tapes, params):
-        """Return the candidates (one user's, all ready) in the order they should go."""
-        raise NotImplementedError
+        """Return the candidates (one user's, all ready) in the order they should go. A policy
+        defines this or tape_order()."""
+        order = self.tape_order(candidates, tapes, params)
+        if order is None:
+            raise NotImplementedError
+        return list(tapes_in_read_order(by_tape(candidates), order, tapes))
 
     def tape_order(self, candidates, tapes, params):
         """For a policy that ranks tape by tape, each tape's files in read order: the tape ids
@@ -122,14 +126,9 @@ class SortPolicy:
             rest = [c for c in candidates if c.id not in taken and worth_mounting(tapes[c.tape], params)]
             # Higher priority first, and within a priority the policy's rank: a priority at a
             # time, each read in rank order only as far as the allotment goes.
-            for level in sorted({c.priority for c in rest}, reverse=True):
-                for c in self.ranked(rest, tapes, params):
-                    if c.priority == level:
-                        chosen.append(c)
-                        if len(chosen) >= allotment:
-                            break
-                if len(chosen) >= allotment:
-                    break
+            levels = sorted({c.priority for c in rest}, reverse=True)
+            chosen += islice((c for level in levels for c in self.ranked(rest, tapes, params) if c.priority == level),
+                             allotment - len(chosen))
         if self.whole_tapes and chosen:
             chosen = _without_cut_tape(chosen, tapes)
         return chosen
@@ -184,9 +183,6 @@ class TapeId(SortPolicy):
     pools = SortPolicy.pools | {"top_tapes"}
     whole_tapes = True
 
-    def rank(self, candidates, tapes, params):
-        return list(self.ranked(candidates, tapes, params))
-
     def tape_order(self, candidates, tapes, params):
         user = candidates[0].user if candidates else None
 
@@ -207,9 +203,6 @@ class Slider(SortPolicy):
     name = "SLIDER"
     pools = SortPolicy.pools | {"oldest_tapes"}
     whole_tapes = True
-
-    def rank(self, candidates, tapes, params):
-        return list(self.ranked(candidates, tapes, params))
 
     def tape_order(self, candidates, tapes, params):
         weight = float(params.extra.get("slider_age_weight", 0.5))
