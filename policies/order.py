@@ -10,9 +10,10 @@ is ordered exactly instead. Files that stream one into the next move as one run.
 from bisect import bisect_left
 from collections import deque
 from dataclasses import replace
+from functools import lru_cache
 from typing import NamedTuple
 
-from carousel.tape import MEDIA, Media, Position, locate_between_s, position, rewind_s
+from carousel.tape import MEDIA, Media, Position, locate_between_s, places, position, rewind_from_s, rewind_s
 
 # Where a byte lands is known only roughly: a cartridge's wraps hold a little more or less than
 # the table says (compression, the drive that wrote it), and the error adds up along the tape,
@@ -128,11 +129,15 @@ def exact_order(cost, count):
 def scenarios(media, uncertainty=None):
     """The tape models the costs average over: bytes per wrap spread evenly over the
     uncertainty (just the nominal model when it is 0)."""
-    uncertainty = WRAP_UNCERTAINTY if uncertainty is None else uncertainty
-    if uncertainty <= 0 or SCENARIOS < 2:
-        return [media]
-    steps = [-uncertainty + 2 * uncertainty * k / (SCENARIOS - 1) for k in range(SCENARIOS)]
-    return [replace(media, bytes_per_wrap=round(media.bytes_per_wrap * (1 + step))) for step in steps]
+    return _scenarios(media, WRAP_UNCERTAINTY if uncertainty is None else uncertainty, SCENARIOS)
+
+
+@lru_cache(maxsize=64)  # a few technologies; every read order asks
+def _scenarios(media, uncertainty, count):
+    if uncertainty <= 0 or count < 2:
+        return (media,)
+    steps = [-uncertainty + 2 * uncertainty * k / (count - 1) for k in range(count)]
+    return tuple(replace(media, bytes_per_wrap=round(media.bytes_per_wrap * (1 + step))) for step in steps)
 
 
 def run_costs(media, runs, uncertainty=None):
@@ -150,17 +155,38 @@ def run_costs(media, runs, uncertainty=None):
             return rewinds[i] if j == bot else locate_between_s(media, ends[i], starts[j])
         return cost
     share = 1 / len(models)
-    ends = [[position(m, run.end.offset) for run in runs] + [position(m, 0)] for m in models]
-    starts = [[position(m, run.start.offset) for run in runs] for m in models]
-    rewinds = [sum(rewind_s(m, run.end.offset) for m in models) * share for run in runs] + [0.0]
-    known = {}
+    end_offsets = [run.end.offset for run in runs] + [0]
+    start_offsets = [run.start.offset for run in runs]
+    # Per run, its (wrap, band, metres) in every model: the search asks for some 10^5 costs a
+    # cycle, and Position objects and a call per model were most of their price. The sum is
+    # tape.locate_between_s's, term for term, so the costs (and orders) are the same.
+    ends = list(zip(*(places(m, end_offsets) for m in models)))
+    starts = list(zip(*(places(m, start_offsets) for m in models)))
+    rewinds = [sum(rewind_from_s(media, metres) for _, _, metres in at) * share for at in ends[:-1]] + [0.0]
+    fixed, speed = media.c_fixed_s, media.locate_speed_m_s
+    c_wrap, c_band, c_direction, c_back = media.c_wrap_s, media.c_band_s, media.c_direction_s, media.c_back_s
+    known, stride = {}, bot + 1  # (i, j) as one int: no tuple to build per look-up
 
     def cost(i, j):
         if j == bot:
             return rewinds[i]
-        found = known.get((i, j))
+        found = known.get(i * stride + j)
         if found is None:
-            found = known[i, j] = share * sum(locate_between_s(m, e[i], s[j]) for m, e, s in zip(models, ends, starts))
+            here, there = end_offsets[i], start_offsets[j]
+            total = 0.0
+            if here != there:
+                for (wrap, band, metres), (to_wrap, to_band, to_metres) in zip(ends[i], starts[j]):
+                    switch = 0.0
+                    if wrap != to_wrap:
+                        switch += c_wrap
+                        if band != to_band:
+                            switch += c_band
+                        if wrap % 2 != to_wrap % 2:
+                            switch += c_direction
+                    elif there < here:
+                        switch += c_back
+                    total += fixed + switch + abs(to_metres - metres) / speed
+            found = known[i * stride + j] = share * total
         return found
     return cost
 

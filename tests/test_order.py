@@ -180,3 +180,28 @@ def test_it_beats_logical_order_on_scattered_files():
           f"average gain {average:.1%} of the mount time, best {max(gains):.1%}")
     assert at_least_as_good >= 0.9 * len(gains)
     assert average > 0.15
+
+
+@pytest.mark.parametrize("name", ["LTO-7", "LTO-8"])
+def test_the_costs_are_each_models_locate_averaged(name):
+    # run_costs works on plain tuples for speed; what it returns must stay the mean of
+    # tape.locate_between_s over the scenarios (and the mean rewind towards BOT), bit for bit.
+    from carousel.tape import locate_between_s, position, rewind_s
+
+    media = MEDIA[name]
+    rng = random.Random(7)
+    files = sorted(scattered_files(rng, media, 40), key=lambda file: file[1])
+    runs = streaming_runs(media, files)
+    models = scenarios(media, 0.01)
+    assert len(models) > 1
+    cost = run_costs(media, runs, 0.01)
+    bot = len(runs)
+    for i in range(bot + 1):
+        for j in range(bot + 1):
+            if j == bot:
+                want = 0.0 if i == bot else sum(rewind_s(m, runs[i].end.offset) for m in models) * (1 / len(models))
+            else:
+                here = runs[i].end.offset if i < bot else 0
+                want = sum(locate_between_s(m, position(m, here), position(m, runs[j].start.offset))
+                           for m in models) * (1 / len(models))
+            assert cost(i, j) == want, (i, j)
