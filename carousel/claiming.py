@@ -30,16 +30,23 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
     window = control.files_per_job * jobs_limit - in_flight
     slots = min(window, control.choose_per_cycle)
-    if window > slots and _ready_backlog() <= window and not any_unlocated():
-        # The whole backlog fits in the window: choose it all now, so the plan sees all of it
-        # and cuts its last tapes across the drives (plan.py), instead of committing whole
-        # tapes one cycle's choice at a time. Still bounded by N x K. Not while requests wait
-        # to be located: a burst larger than a locate batch is not all ready yet, and taking
-        # what is would hand the drives to whoever was located first.
+    # The whole backlog fits in the window. Not while requests wait to be located: a burst
+    # larger than a locate batch is not all ready yet, and taking what is would hand the
+    # drives to whoever was located first.
+    fits = _ready_backlog() <= window and not any_unlocated()
+    if window > slots and fits:
+        # Choose it all now, so the plan sees all of it and cuts its last tapes across the
+        # drives (plan.py), instead of committing whole tapes one cycle's choice at a time.
+        # Still bounded by N x K.
         slots = window
     # Once the work in flight is done, a cycle has the whole window (at most its choice).
     most = min(control.files_per_job * jobs_limit, max(slots, control.choose_per_cycle))
-    selection = select(now=now, control=control, sort=sort, share=share, slots=slots, most_slots=most)
+    # With the plan on and more work waiting than the window holds, only the mounts the
+    # drives' chains lack are chosen (mounts.MOUNTS_AHEAD): the turns are taken as drives
+    # free up, against the drive time really held.
+    mounts = drives.mounts_wanted() if drives is not None and not fits else None
+    selection = select(now=now, control=control, sort=sort, share=share, slots=slots, most_slots=most,
+                       mounts=mounts)
     if byte_budget is not None:
         selection.chosen = _within(selection.chosen, byte_budget)
     if not selection.chosen:

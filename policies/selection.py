@@ -69,7 +69,7 @@ class Selection:
     rounds: int = 0
 
 
-def select(*, now, control, sort, share, slots, most_slots=None):
+def select(*, now, control, sort, share, slots, most_slots=None, mounts=None):
     """Choose up to `slots` ready requests, a mount at a time, in turns of drive time.
 
     Each user's own queue comes from the sorting policy (how far it looks: see below), in
@@ -82,7 +82,10 @@ def select(*, now, control, sort, share, slots, most_slots=None):
     the slots left, the cycle stops there and the run goes whole at a later cycle (unless the
     cycle has chosen nothing and the tape's run is bigger than `most_slots`, the most slots a
     cycle can have: waiting would not help, so it goes in part). Caps bound each user and group
-    as before; priorities and the maximum wait order each user's own queue."""
+    as before; priorities and the maximum wait order each user's own queue. `mounts`, when
+    given, bounds the runs chosen for users with work in flight (N files or more, counting
+    this cycle's): a user with little in flight (an analyst's few files) still goes, as the
+    plan puts such short mounts first anyway."""
     most_slots = slots if most_slots is None else most_slots
     result = Selection()
     if slots <= 0:
@@ -100,6 +103,13 @@ def select(*, now, control, sort, share, slots, most_slots=None):
     # cost, in proportion to the slots, not to the users or their backlogs.
     grants = share.allocate(demands, groups, slots)
     able = [d for d in demands if min(d.pending, d.room) > 0]
+    if mounts is not None and mounts <= 0:
+        # No drive wants another long mount: only users with little in flight can have a turn
+        # (most cycles of a long backlog; without this they would each gather and order pools
+        # for nothing).
+        able = [d for d in able if limits.in_flight.get(d.user, 0) < control.files_per_job]
+        if not able:
+            return result
     weights = share.drive_weights(able, groups)
     held = held_drive_time([d.user for d in able])
     wanted, total = {}, 0
@@ -138,6 +148,9 @@ def select(*, now, control, sort, share, slots, most_slots=None):
             if queues[user]:
                 heapq.heappush(heap, turn(user))
             continue
+        busy = limits.in_flight.get(user, 0) + result.allotments.get(user, 0) + len(run) >= control.files_per_job
+        if mounts is not None and busy and mounts <= 0:
+            continue  # no drive needs another long mount yet: this user's turn waits
         group = limits.group[user]
         fit = min(remaining, group_room.get(group, remaining))
         # A policy that keeps tapes whole needs room for all the user's ready files on the
@@ -176,6 +189,8 @@ def select(*, now, control, sort, share, slots, most_slots=None):
                 group_room[who_group] -= len(theirs)
             # The mount's drive time is charged to its users by their files on it.
             held[who] = held.get(who, 0.0) + seconds * len(theirs) / (len(run) + len(along))
+        if mounts is not None and busy:
+            mounts -= 1
         if queues[user]:
             heapq.heappush(heap, turn(user))
     result.held_s = held
@@ -248,6 +263,7 @@ class _Limits:
     group: dict  # user -> group id or None
     user_room: dict  # user -> cap minus in flight
     group_limits: dict  # group -> (weight, cap minus in flight)
+    in_flight: dict  # user -> requests in flight
 
 
 def _limits(backlog, control):
@@ -277,7 +293,7 @@ def _limits(backlog, control):
         weight, cap = shares.get(group, (1.0, None))
         cap = control.default_group_cap if cap is None else cap
         group_limits[group] = (weight, max(0, cap - group_in_flight[group]))
-    return _Limits(group=group_of, user_room=user_room, group_limits=group_limits)
+    return _Limits(group=group_of, user_room=user_room, group_limits=group_limits, in_flight=in_flight)
 
 
 def _demands(backlog, limits):

@@ -14,11 +14,11 @@ from carousel.claiming import claim_jobs
 from carousel.locating import locate_requests
 from carousel.loop import run_cycle
 from carousel.models import Control, Job, JobState, RestoreRequest, Transition
-from carousel.mounts import MountPlanner
+from carousel.mounts import MOUNTS_AHEAD, MountPlanner
 from carousel.services import request_transition, restore_submit
 from carousel.tape import GB
 from policies.selection import share_policy, sort_policy
-from tests.test_plan import library_stager
+from tests.test_plan import library_stager, run_until
 
 
 @pytest.fixture
@@ -130,6 +130,36 @@ def test_short_mounts_put_first_keep_each_drive_a_single_line_of_jobs(control, n
     # Bob's two right after the drive's mount, alice's waiting one after them.
     assert {jobs[j].jumps_queue for j in line[1:3]} == {True}
     assert line[3] in waiting
+
+
+def test_with_more_work_than_the_window_each_drive_gets_its_mount_and_the_next_only(control, now, alice, bob):
+    # Two drives, 25 whole tapes of alice's waiting, a window of 200 files (20 tapes): the
+    # cycle lays out MOUNTS_AHEAD mounts per drive, not 20 tapes whose turns would be fixed
+    # hours ahead. Bob's single file still goes at once, as a
+    # short mount, although no drive wants another long one.
+    Control.objects.filter(id=1).update(files_per_job=10, jobs_in_flight=20, choose_per_cycle=200, short_mount_s=300,
+                                        preempt_after_s=0)
+    long_tapes = {f"L{t:02d}": [(f"/d/L{t:02d}/f{i}", i * 200 * GB, 20 * GB) for i in range(10)] for t in range(25)}
+    stager, clock = library_stager(2, {**long_tapes, "S1": [("/d/S1/one", 0, 2 * GB)]})
+    restore_submit(user=alice, paths=[p for entries in long_tapes.values() for p, _, _ in entries], now=now)
+    run_cycle(now=now, stager=stager)
+    each = {"LTO-8/0": MOUNTS_AHEAD, "LTO-8/1": MOUNTS_AHEAD}
+    assert Job.objects.values("tape_id").distinct().count() == 2 * MOUNTS_AHEAD
+    assert Counter(Job.objects.values_list("chain", flat=True)) == each
+
+    clock[0] = 10.0
+    later = now + timedelta(seconds=10)
+    restore_submit(user=bob, paths=["/d/S1/one"], now=later)
+    run_cycle(now=later, stager=stager)
+    assert Job.objects.filter(jumps_queue=True).count() == 1
+    assert RestoreRequest.objects.get(user=bob).state in {"submitted", "staging"}
+    assert Job.objects.filter(jumps_queue=False).values("tape_id").distinct().count() == 2 * MOUNTS_AHEAD
+
+    # A drive that finishes its mount gets one more, the turn taken then.
+    assert run_until(stager, clock, now, lambda: Job.objects.filter(state=JobState.DONE, jumps_queue=False).exists(),
+                     limit=20_000)
+    open_long = Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT), jumps_queue=False)
+    assert Counter(open_long.values_list("chain", flat=True)) == each
 
 
 def _tuplestore_nested_loops(plan):
