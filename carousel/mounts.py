@@ -45,11 +45,13 @@ class Planned:
 
 
 # Long mounts laid out ahead on each drive's chain while more work waits than the window
-# holds: the one on the drive and the next, so that a drive never waits for a cycle to choose
-# its next tape. Laying out more would fix whose tape each drive reads hours ahead, by the
-# estimates: on a library slower or faster than the model for some tapes and drives, the turns
-# would then follow the estimates, not the drive time really held (issue 13: cms 0.29 for a
-# weight of 0.25 on a departed library, with 50 jobs laid out ahead for 8 drives).
+# holds: the one on the drive and the next. Laying the whole window out (50 jobs for 8 drives on
+# `groups`) fixed whose tape each drive reads hours ahead, by the estimates: on a library whose
+# tapes and drives are slower or faster than the model, the groups whose mounts landed on fast
+# drives got more than their weight (cms 0.29 for 0.25). One ahead was measured too: the turns
+# are then taken among users who hold only what is left of the mounts on the drives, and the
+# finish-tag rule over-serves the light users (groups, nominal library: 0.43 / 0.25 / 0.16 /
+# 0.16 for 0.5 / 0.25 / 0.125 / 0.125). Two gives 0.50 / 0.25 / 0.12 / 0.12 (docs/benchmarks.md).
 MOUNTS_AHEAD = 2
 
 
