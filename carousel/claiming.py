@@ -25,7 +25,8 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     same request. Slots: N files times the jobs allowed in flight (the adaptive limit, K by
     default), less the files planned or in flight, at most `choose_per_cycle`; and no more
     bytes than `byte_budget`, when given. With `drives` (a MountPlanner), the jobs are laid
-    out on the drives' chains (carousel/plan.py)."""
+    out on the drives' chains (carousel/plan.py), and while the backlog is larger than the
+    window only the long mounts the chains lack are chosen (mounts.MOUNTS_AHEAD)."""
     jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
     window = control.files_per_job * jobs_limit - in_flight
