@@ -138,6 +138,8 @@ _UTC_TEXT = "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI
 def _utc_text(text):
     # isoformat() leaves out a zero fraction of a second; to_char always writes six digits.
     return text[:-8] + "Z" if text.endswith(".000000Z") else text
+
+
 # DRF fields whose to_representation reads only the value and the field's own options (not the
 # request, not the time zone): a plan kept across requests may hold them.
 _CONTEXT_FREE = {serializers.BigIntegerField, serializers.DurationField, serializers.UUIDField,

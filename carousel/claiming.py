@@ -45,7 +45,7 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     # With the plan on and more work waiting than the window holds, only the mounts the
     # drives' chains lack are chosen (mounts.MOUNTS_AHEAD): the turns are taken as drives
     # free up, against the drive time really held.
-    mounts = drives.mounts_wanted() if drives is not None and not fits else None
+    mounts = drives.mounts_wanted() if drives is not None and not fits and slots > 0 else None
     selection = select(now=now, control=control, sort=sort, share=share, slots=slots, most_slots=most,
                        mounts=mounts)
     if byte_budget is not None:

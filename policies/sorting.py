@@ -124,14 +124,24 @@ class SortPolicy:
         if len(chosen) < allotment:
             taken = {c.id for c in chosen}
             rest = [c for c in candidates if c.id not in taken and worth_mounting(tapes[c.tape], params)]
-            # Higher priority first, and within a priority the policy's rank: a priority at a
-            # time, each read in rank order only as far as the allotment goes.
-            levels = sorted({c.priority for c in rest}, reverse=True)
-            chosen += islice((c for level in levels for c in self.ranked(rest, tapes, params) if c.priority == level),
-                             allotment - len(chosen))
+            chosen += islice(self._by_priority(rest, tapes, params), allotment - len(chosen))
         if self.whole_tapes and chosen:
             chosen = _without_cut_tape(chosen, tapes)
         return chosen
+
+    def _by_priority(self, candidates, tapes, params):
+        """Higher priority first, and within a priority the policy's rank, as an iterable. With
+        a tape order, a priority's pass visits only the tapes holding files of that priority
+        (each tape's files in read order of all of them): a pool's few urgent files do not put
+        every tape of it in read order."""
+        levels = sorted({c.priority for c in candidates}, reverse=True)
+        order = self.tape_order(candidates, tapes, params) if len(levels) > 1 else None
+        if order is None:
+            return (c for level in levels for c in self.ranked(candidates, tapes, params) if c.priority == level)
+        groups = by_tape(candidates)
+        held = {t: {c.priority for c in cs} for t, cs in groups.items()}
+        return (c for level in levels for t in order if level in held[t]
+                for c in in_read_order(groups[t], tapes) if c.priority == level)
 
     def _overdue(self, candidates, tapes, params):
         """Requests that waited max_wait_s, the tape of the oldest first, each tape's together

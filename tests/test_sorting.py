@@ -62,3 +62,25 @@ def test_a_site_policy_with_rank_only_still_works():
     candidates = [Candidate(id=i, user=1, tape=0, position=i, size=1, priority=0, age_s=0.0) for i in range(5)]
     tapes = {0: TapeInfo(id=0, media="LTO-8", files=5, bytes=5, oldest_age_s=0.0, user_files={1: 5})}
     assert [c.id for c in Backwards().choose(candidates, tapes, 3, Params(max_wait_s=1e9))] == [4, 3, 2]
+
+
+def test_a_few_urgent_files_put_only_their_tapes_in_read_order(monkeypatch):
+    # One priority-1 file among 40 tapes of a user's pool, an allotment of that one file: only
+    # its tape is ordered (the pass for priority 1 skips tapes without such files).
+    import policies.sorting as sorting
+
+    ordered = []
+    real = sorting.read_order
+
+    def counting(media, files):
+        ordered.append(tuple(sorted(k for k, _, _ in files)))
+        return real(media, files)
+
+    monkeypatch.setattr(sorting, "read_order", counting)
+    candidates = [Candidate(id=t * 10 + i, user=1, tape=t, position=i * 10**11, size=10**9,
+                            priority=1 if (t, i) == (7, 2) else 0, age_s=0.0) for t in range(40) for i in range(3)]
+    tapes = {t: TapeInfo(id=t, media="LTO-8", files=3, bytes=3 * 10**9, oldest_age_s=0.0, user_files={1: 3})
+             for t in range(40)}
+    chosen = TapeId().choose(candidates, tapes, 1, Params(max_wait_s=1e9, mount_min_files=1))
+    assert [c.id for c in chosen] == [72]
+    assert ordered == [(70, 71, 72)]
