@@ -63,7 +63,7 @@ services:
 	fi
 
 test: venv client services
-	$(PY) -m carousel.localservices -- $(MAKE) --no-print-directory test-python
+	$(PY) -m carousel.infra.localservices -- $(MAKE) --no-print-directory test-python
 	$(MAKE) --no-print-directory smoke-sqlite compose-check
 
 test-python:

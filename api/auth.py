@@ -1,10 +1,10 @@
-"""`Authorization: Bearer <value>`: a WLCG JWT from a trusted issuer (carousel.wlcg), or else
+"""`Authorization: Bearer <value>`: a WLCG JWT from a trusted issuer (carousel.grid.tokens), or else
 one of Carousel's own API tokens, since gfal2 sends BEARER_TOKEN with that keyword. No
 ready-made DRF class checks an external issuer's tokens offline (see interfaces.md)."""
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.exceptions import AuthenticationFailed
 
-from carousel import wlcg
+from carousel.grid import tokens as wlcg
 
 from .authentication import CachedTokenAuthentication
 

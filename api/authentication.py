@@ -24,7 +24,7 @@ from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
 from carousel.models import Account
-from carousel.selectors import acts_for_others
+from carousel.domain.selectors import acts_for_others
 
 PREFIX = "authtoken:"
 

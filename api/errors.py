@@ -6,7 +6,7 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from carousel.exceptions import CarouselError
+from carousel.domain.exceptions import CarouselError
 
 
 class PayloadTooLarge(exceptions.APIException):

@@ -12,8 +12,8 @@ from django.db.models import CharField, F, Func
 from django.utils import timezone
 
 from carousel.models import Bulk, RequestState, RestoreRequest
-from carousel.paths import check_destination
-from carousel.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
+from carousel.domain.paths import check_destination
+from carousel.domain.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
 
 # Ids are PostgreSQL bigints: a larger number names no request, and is refused as input.
 MAX_ID = 2**63 - 1
@@ -39,7 +39,7 @@ class PathListField(serializers.ListField):
 
 
 class SubmitSerializer(StrictSerializer):
-    # Each path is checked by carousel.paths.validate_paths, which reports every bad line at once.
+    # Each path is checked by carousel.domain.paths.validate_paths, which reports every bad line at once.
     paths = PathListField(child=serializers.JSONField(), allow_empty=True)
     priority = serializers.IntegerField(min_value=0, max_value=3, default=0)
     destination = serializers.CharField(max_length=4096, required=False, allow_blank=True, default="")

@@ -1,4 +1,4 @@
-"""GET /api/v1/usage/ and /api/v1/usage/csv/: the usage report (carousel/usage.py) of a period,
+"""GET /api/v1/usage/ and /api/v1/usage/csv/: the usage report (carousel/ops/usage.py) of a period,
 per user or per group. Staff see every line; others their own (or their groups')."""
 from datetime import timedelta
 
@@ -10,7 +10,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from carousel import usage
+from carousel.ops import usage
 
 DEFAULT_DAYS = 7
 PARAMS = [

@@ -10,7 +10,10 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
-from carousel import grid, pins, selectors, services
+from carousel.grid import door as grid
+from carousel.domain import pins
+from carousel.domain import selectors
+from carousel.domain import services
 from carousel.tasks import withdraw_on_commit
 
 from . import serializers as s

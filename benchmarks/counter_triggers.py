@@ -2,7 +2,7 @@
 a 100,000-row insert (a large submission) and 100,000-row state updates (claims, results), with
 the triggers enabled and disabled, on the same table.
 
-    .venv/bin/python -m carousel.localservices -- .venv/bin/python benchmarks/counter_triggers.py
+    .venv/bin/python -m carousel.infra.localservices -- .venv/bin/python benchmarks/counter_triggers.py
 
 Needs PostgreSQL in DATABASE_URL (a fresh private server with the command above). Each round
 inserts --rows requests with one INSERT ... SELECT, moves them queued -> submitted -> done with
@@ -43,7 +43,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        sys.exit("needs PostgreSQL in DATABASE_URL: run it under `python -m carousel.localservices --`")
+        sys.exit("needs PostgreSQL in DATABASE_URL: run it under `python -m carousel.infra.localservices --`")
     import django
 
     django.setup()

@@ -1,7 +1,7 @@
 """The shipped cycle against a large queue, for every sorting x sharing policy pair.
 
 Fills PostgreSQL with QUEUED located requests from 1,000 users in 10 groups over 20,000 LTO-8
-tapes, runs ANALYZE, then in a fresh process times one whole cycle (carousel.loop.run_cycle:
+tapes, runs ANALYZE, then in a fresh process times one whole cycle (carousel.loop.cycle.run_cycle:
 expiry, retries, polling, the stager's judgement, locating, choosing and claiming, the mount
 plan laying the jobs out on the drives' chains, preemption, sending, deliveries) per policy
 pair, with the control row as shipped except the drive count the plan needs (--drives; the
@@ -12,7 +12,7 @@ queue grows between them) and prints, last, one JSON object: `queued` (the large
 (their ratio), `peak_rss_mb` (the measuring processes' largest) and `cycles` (size -> pair ->
 seconds).
 
-    python -m carousel.localservices -- .venv/bin/python benchmarks/cycle.py [--sizes 100000 1000000]
+    python -m carousel.infra.localservices -- .venv/bin/python benchmarks/cycle.py [--sizes 100000 1000000]
 """
 import argparse
 import json
@@ -35,7 +35,7 @@ DRIVES = 16
 
 def setup_django():
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        sys.exit("benchmarks/cycle.py needs PostgreSQL: run it under `python -m carousel.localservices --`")
+        sys.exit("benchmarks/cycle.py needs PostgreSQL: run it under `python -m carousel.infra.localservices --`")
     import django
 
     django.setup()
@@ -106,7 +106,7 @@ def measure(drives):
     from django.db import connection
     from django.utils import timezone
 
-    from carousel.loop import run_cycle
+    from carousel.loop.cycle import run_cycle
     from carousel.models import Control, Job, RestoreRequest, StagerHealth, Transition
     from carousel.stagers.immediate import ImmediateStager
 

@@ -1,7 +1,7 @@
 """Ingest benchmark: a 100,000-file stage through each door, against a bare COPY of the same
 rows into an unindexed table (issue "The grid front door").
 
-    .venv/bin/python -m carousel.localservices -- .venv/bin/python benchmarks/ingest.py
+    .venv/bin/python -m carousel.infra.localservices -- .venv/bin/python benchmarks/ingest.py
 
 It needs PostgreSQL in DATABASE_URL (the command above gives a fresh private server each
 time). Re-runnable: it refuses to start unless the request table is empty, empties it again
@@ -23,7 +23,7 @@ workers) on loopback, and then measures, --runs times each (the median is kept):
   `bench_bare_copy`, a table made `LIKE carousel_restorerequest` (defaults, identity) without its indexes,
   constraints or triggers; timed from the start of the COPY to the commit.
 
-A submission this big is answered once its files are durable in the intake (carousel/intake.py);
+A submission this big is answered once its files are durable in the intake (carousel/domain/intake.py);
 the move into the queue that follows is the loop's work. After each door's answer (and its
 clock) the script checks that every file is stored, then makes that move itself, as the cycle
 would, timed and reported as <door>_settle_s beside the door's time (it is not the answer's).
@@ -72,7 +72,7 @@ def setup_django():
     database_url = os.environ.get("DATABASE_URL", "")
     if urlsplit(database_url).scheme not in ("postgres", "postgresql"):
         sys.exit("DATABASE_URL must name a PostgreSQL database (postgres://...): the benchmark measures "
-                 "the PostgreSQL path. Run it as: python -m carousel.localservices -- "
+                 "the PostgreSQL path. Run it as: python -m carousel.infra.localservices -- "
                  f"python benchmarks/{Path(sys.argv[0]).name}")
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "carousel.settings")
@@ -235,13 +235,13 @@ def main():
 
     from django.utils.timezone import now as django_now
 
-    from carousel import intake
+    from carousel.domain import intake
     from carousel.models import Control, Intake, RestoreRequest
 
     call_command("migrate", interactive=False, verbosity=0)
     if RestoreRequest.objects.exists():
         sys.exit("the request table is not empty: the benchmark starts from an empty one (and empties it "
-                 "again as it goes). Run it on a fresh database: python -m carousel.localservices -- "
+                 "again as it goes). Run it on a fresh database: python -m carousel.infra.localservices -- "
                  f"python benchmarks/{Path(sys.argv[0]).name}")
     print("load average at start (the figures are noisy on a busy machine): "
           + ", ".join(f"{x:.2f}" for x in os.getloadavg()))

@@ -1,6 +1,6 @@
 """Where the time of one 100,000-path submission goes: the companion of benchmarks/ingest.py.
 
-    cd /work/main && .venv/bin/python -m carousel.localservices -- .venv/bin/python benchmarks/ingest_profile.py
+    cd /work/main && .venv/bin/python -m carousel.infra.localservices -- .venv/bin/python benchmarks/ingest_profile.py
 
 Same database setup as ingest.py (PostgreSQL only, a fresh database), no HTTP server. The
 table first gets --preload batches of 100,000 requests, as in the middle of an ingest.py run.
@@ -9,13 +9,13 @@ opens one per request):
 
 1. phases: the steps of POST /api/v1/requests/ one after the other, with the code they run
    (DRF's parser, SubmitSerializer, validate_paths, path_key, the ORM queries and the SQL of
-   carousel.db.insert_rows) in one committed transaction, each timed;
+   carousel.infra.db.insert_rows) in one committed transaction, each timed;
 2. restore_submit: the real service, whole, to check that the phases add up to it;
 3. request: the whole view through Django's test client (middleware, DRF, service, response).
 
-It prints the median of each. Since the intake (carousel/intake.py) a submission this big is
+It prints the median of each. Since the intake (carousel/domain/intake.py) a submission this big is
 answered once its files are in the intake; this profile measures the direct path (intake.direct():
-the requests stored within the call), which is what the intake's move into the queue costs. The phases mirror restore_submit and carousel.db.insert_rows: when those change,
+the requests stored within the call), which is what the intake's move into the queue costs. The phases mirror restore_submit and carousel.infra.db.insert_rows: when those change,
 the "phases, sum" and "restore_submit, whole" lines drift apart and the phases need updating.
 
 Then it measures what the database server alone spends to store 100,000 requests and their
@@ -63,8 +63,8 @@ def submit_in_phases(phase, user, body, now):
     from api.serializers import SubmitSerializer
     from carousel.models import (ACTIVE_STATES, Account, Bulk, BulkItem, Control, RequestState, RestoreRequest,
                                  path_key)
-    from carousel import db
-    from carousel.paths import validate_paths
+    from carousel.infra import db
+    from carousel.domain.paths import validate_paths
 
     with phase("DRF JSONParser"):
         data = JSONParser().parse(io.BytesIO(body))
@@ -117,7 +117,7 @@ def submit_in_phases(phase, user, body, now):
 
 
 def insert_in_phases(phase, label, model, columns, rows, ids=True):
-    """carousel.db.insert_rows on PostgreSQL, its halves timed apart."""
+    """carousel.infra.db.insert_rows on PostgreSQL, its halves timed apart."""
     from django.db import connection
 
     table, pk = model._meta.db_table, model._meta.pk.column
@@ -230,8 +230,8 @@ def main():
     from django.test import Client
     from django.utils import timezone
 
-    from carousel import intake
-    from carousel.services import restore_submit
+    from carousel.domain import intake
+    from carousel.domain.services import restore_submit
 
     user, key = setup_database(needed_ceiling=(args.preload + 3 * args.runs) * FILES + WARMUP_FILES)
     for batch in range(args.preload):

@@ -8,7 +8,7 @@ Fills PostgreSQL as benchmarks/cycle.py does (default 1,000,000 queued located r
 of the user with the most requests queued. Prints the medians, then one JSON object as its
 last line.
 
-    python -m carousel.localservices -- .venv/bin/python benchmarks/live_page.py [--queued 100000]
+    python -m carousel.infra.localservices -- .venv/bin/python benchmarks/live_page.py [--queued 100000]
 """
 import argparse
 import json

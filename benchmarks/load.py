@@ -1,6 +1,6 @@
 """Polls under load: the issue's "flood of clients" against gunicorn and PostgreSQL.
 
-    python -m carousel.localservices -- .venv/bin/python benchmarks/load.py
+    python -m carousel.infra.localservices -- .venv/bin/python benchmarks/load.py
 
 Needs PostgreSQL in DATABASE_URL (the command above gives a fresh private server, and Redis
 for the shared cache the throttles count in). It migrates, queues --queued requests (default
@@ -88,9 +88,9 @@ def fill(queued):
     from django.utils import timezone
     from rest_framework.authtoken.models import Token
 
-    from carousel import intake
+    from carousel.domain import intake
     from carousel.models import Control, RestoreRequest
-    from carousel.services import restore_submit
+    from carousel.domain.services import restore_submit
 
     User = get_user_model()
     big, _ = User.objects.get_or_create(username=BIG)

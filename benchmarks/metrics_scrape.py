@@ -1,6 +1,6 @@
 """Scrape cost of /metrics at 1,000 and at 1,000,000 queued requests.
 
-    .venv/bin/python -m carousel.localservices -- .venv/bin/python benchmarks/metrics_scrape.py
+    .venv/bin/python -m carousel.infra.localservices -- .venv/bin/python benchmarks/metrics_scrape.py
 
 Needs PostgreSQL in DATABASE_URL (a fresh private server with the command above). It migrates,
 creates 100 users in 4 groups and 2,000 tapes, and for each size (--sizes, default 1000 and
@@ -41,7 +41,7 @@ def main():
     parser.add_argument("--scrapes", type=int, default=30)
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        sys.exit("needs PostgreSQL in DATABASE_URL: run it under `python -m carousel.localservices --`")
+        sys.exit("needs PostgreSQL in DATABASE_URL: run it under `python -m carousel.infra.localservices --`")
     import django
 
     django.setup()

@@ -1,7 +1,7 @@
 """Where one poll's time goes, in process: the two answers of the load mix (benchmarks/load.py)
 through Django's whole request handler (middleware, authentication, throttle, view, rendering).
 
-    python -m carousel.localservices -- .venv/bin/python benchmarks/poll_profile.py
+    python -m carousel.infra.localservices -- .venv/bin/python benchmarks/poll_profile.py
 
 Queues --queued requests (default 100,000) for one user as load.py does, then for each URL:
 the SQL statements and cache round trips one answer makes, the mean wall time of --calls

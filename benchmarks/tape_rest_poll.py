@@ -1,7 +1,7 @@
 """Tape REST poll benchmark: GET stage/{id} of a 10,000-file stage request from 200 concurrent
 clients (Debian's wrk) against gunicorn and PostgreSQL.
 
-    .venv/bin/python -m carousel.localservices -- .venv/bin/python benchmarks/tape_rest_poll.py
+    .venv/bin/python -m carousel.infra.localservices -- .venv/bin/python benchmarks/tape_rest_poll.py
 
 It migrates, creates a user with an API token, stages --files paths through the door (one
 POST over HTTP), starts gunicorn on loopback (--workers), warms up with one GET, and then runs
@@ -94,7 +94,7 @@ def main():
         # intake for the queue, so the polls read requests, as they would all day long.
         from django.utils import timezone
 
-        from carousel import intake
+        from carousel.domain import intake
         intake.settle_pending(now=timezone.now())
         first = httpx.get(url, headers=headers, timeout=60)
         if first.status_code != 200 or len(first.json()["files"]) != args.files:

@@ -1,12 +1,12 @@
 """Cost of a usage report over a year with 1,000,000 requests in the history.
 
-    .venv/bin/python -m carousel.localservices -- .venv/bin/python benchmarks/usage_report.py
+    .venv/bin/python -m carousel.infra.localservices -- .venv/bin/python benchmarks/usage_report.py
 
 Needs PostgreSQL in DATABASE_URL (a fresh private server with the command above). It migrates,
 creates 100 users in 4 groups and 2,000 tapes, inserts --requests queued, located requests whose
 submissions are spread over the 365 days before yesterday, then marks them restored (waits from 0 to
 2 hours) in UPDATEs of 100,000 rows, so the triggers roll them up as in production. Then it
-times the report (carousel.usage.usage_report, by user and by group, over the whole year, as
+times the report (carousel.ops.usage.usage_report, by user and by group, over the whole year, as
 staff) and its CSV, --runs times each. Prints one line per measurement and as the last line a
 JSON object {"requests", "usage_rows", "wait_rows", "by_user_ms", "by_group_ms", "csv_ms"}
 (medians)."""
@@ -49,7 +49,7 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        sys.exit("needs PostgreSQL in DATABASE_URL: run it under `python -m carousel.localservices --`")
+        sys.exit("needs PostgreSQL in DATABASE_URL: run it under `python -m carousel.infra.localservices --`")
     import django
 
     django.setup()
@@ -58,7 +58,7 @@ def main():
     from django.db import connection
     from django.utils import timezone
 
-    from carousel import usage
+    from carousel.ops import usage
     from carousel.models import Tape, UsageDay, UsageWait
 
     call_command("migrate", verbosity=0)

@@ -7,9 +7,9 @@ from django.utils import timezone
 
 
 
-from . import services
-from .tasks import withdraw_on_commit
-from .models import (
+from carousel.domain import services
+from carousel.tasks import withdraw_on_commit
+from carousel.models import (
     Account, Bulk, Control, FileLocation, GroupShare, Job, PathPrefix, RestoreRequest, RetryQueue, StagerHealth, Tape,
     Transition,
 )
@@ -285,7 +285,7 @@ class TransitionAdmin(admin.ModelAdmin):
         return False
 
 
-from .models import WlcgGroupMap, WlcgIdentity  # noqa: E402 - the grid door's tables (issue 10)
+from carousel.models import WlcgGroupMap, WlcgIdentity  # noqa: E402 - the grid door's tables (issue 10)
 
 
 @admin.register(WlcgGroupMap)

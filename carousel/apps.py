@@ -6,12 +6,13 @@ class CarouselConfig(AppConfig):
     verbose_name = "Carousel"
 
     def ready(self):
-        from . import checks, plugins  # noqa: F401  (registers checks and the cache reset)
-        from . import retention  # noqa: F401  (registers the beat's prune task with the worker)
+        from carousel.infra import checks
+        from carousel.infra import plugins  # noqa: F401  (registers checks and the cache reset)
+        from carousel.ops import retention  # noqa: F401  (registers the beat's prune task with the worker)
         from django.contrib import admin
         from django.utils.functional import lazy
 
-        from .deploy import stager_notice
+        from carousel.infra.deploy import stager_notice
 
         # The admin's pages say it too when the tape library is simulated (read per page).
         admin.site.site_header = lazy(lambda: " · ".join(filter(None, ["Carousel administration",

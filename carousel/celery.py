@@ -24,7 +24,7 @@ def schedule_cycle(sender, **kwargs):
     if settings.CAROUSEL_WLCG_ISSUERS:
         # WLCG issuers' keys: the task refetches only sets older than CAROUSEL_WLCG_KEYS_REFRESH_S.
         # Imported only when issuers are trusted, so a worker without them starts no slower.
-        import carousel.wlcg  # noqa: F401 - registers the task
+        import carousel.grid.tokens  # noqa: F401 - registers the task
 
         sender.add_periodic_task(600.0, sender.signature("carousel.wlcg.refresh_all_keys"), name="wlcg keys",
                                  expires=540.0)
@@ -33,7 +33,7 @@ def schedule_cycle(sender, **kwargs):
 @signals.setup_logging.connect
 @signals.celeryd_init.connect  # earlier: before the worker's privilege check warns
 def use_django_logging(**kwargs):
-    """Celery leaves logging to Django's LOGGING (carousel/logs.py): one format for every process,
+    """Celery leaves logging to Django's LOGGING (carousel/ops/logs.py): one format for every process,
     applied now, before the worker's first warnings (which go through logging too)."""
     import logging.config
 
@@ -46,7 +46,7 @@ def use_django_logging(**kwargs):
 @signals.task_prerun.connect
 def bind_cycle_id(task_id=None, task=None, **kwargs):
     """Every log line of a cycle carries its id (the cycle task's id); other tasks their own."""
-    from .logs import bind
+    from carousel.ops.logs import bind
 
     key = "cycle" if task is not None and task.name == "carousel.tasks.cycle_tick" else "task"
     task.request.carousel_log_token = bind(**{key: task_id})
@@ -54,7 +54,7 @@ def bind_cycle_id(task_id=None, task=None, **kwargs):
 
 @signals.task_postrun.connect
 def unbind_cycle_id(task=None, **kwargs):
-    from .logs import unbind
+    from carousel.ops.logs import unbind
 
     token = getattr(task.request, "carousel_log_token", None)
     if token is not None:
@@ -68,7 +68,7 @@ def refuse_faking_stager(**kwargs):
     """The loop's processes do not start on a stager that fakes restores unless told to."""
     from django.core.exceptions import ImproperlyConfigured
 
-    from .deploy import check_loop_stager
+    from carousel.infra.deploy import check_loop_stager
 
     try:
         check_loop_stager()

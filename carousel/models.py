@@ -271,7 +271,7 @@ class GroupShare(models.Model):
     weight = models.FloatField(default=1.0, help_text="Relative share under weighted sharing (GRPW).")
     inflight_cap = models.PositiveIntegerField(null=True, blank=True,
                                                help_text="Most requests in flight for the group (empty: default).")
-    # Drive allocation, as ERADAT and TReqS have it (carousel/plan.py): drives the group gets
+    # Drive allocation, as ERADAT and TReqS have it (carousel/loop/plan.py): drives the group gets
     # first whenever it has work, and the most it may hold at once. Between the two it
     # borrows drives nobody else needs and gives them back at its next mount boundary.
     reserved_drives = models.PositiveIntegerField(
@@ -385,7 +385,7 @@ class Bulk(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
     activity = models.CharField(max_length=128, blank=True)
     # A big submission's new files wait in the intake (Intake rows) until the mover queues
-    # them, with the options below, moments after the answer (carousel/intake.py).
+    # them, with the options below, moments after the answer (carousel/domain/intake.py).
     pending = models.PositiveIntegerField(default=0, help_text="New files still in the intake, not yet queued.")
     priority = models.PositiveSmallIntegerField(default=0)
     destination = models.CharField(max_length=4096, blank=True, default="")
@@ -430,7 +430,7 @@ class Job(models.Model):
     created_at = models.DateTimeField()
     # The policies' order among the jobs of one cycle: they are sent in it.
     rank = models.PositiveIntegerField(default=0)
-    # The mount plan (carousel/plan.py): the drive chain the job is on, the job it is sent
+    # The mount plan (carousel/loop/plan.py): the drive chain the job is on, the job it is sent
     # after (once that one is finished), and its mount's estimated drive time.
     chain = models.CharField(max_length=32, blank=True)
     after = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
@@ -457,7 +457,7 @@ class Job(models.Model):
 class StagerCall(models.Model):
     """A call the stager must receive: withdraw files from a job (a cancel, an expiry, a job
     given up) or release staged copies (a pin's end). Written in the same transaction as the
-    change that needs it, sent by the loop (carousel/withdrawals.py) and kept until the stager
+    change that needs it, sent by the loop (carousel/loop/withdrawals.py) and kept until the stager
     confirms, so a stager that is down or fails a call only delays it."""
 
     class Kind(models.TextChoices):
@@ -501,7 +501,7 @@ class RestoreRequest(models.Model):
                                         help_text="How long the restored copy must stay on disk.")
     pin_until = models.DateTimeField(null=True, blank=True,
                                      help_text="The restored copy is pinned on the stager's disk until then "
-                                               "(carousel/pins.py); empty: no pin, or it has ended.")
+                                               "(carousel/domain/pins.py); empty: no pin, or it has ended.")
     state = models.CharField(max_length=16, choices=RequestState.choices, default=RequestState.QUEUED)
     attempts = models.PositiveSmallIntegerField(default=0)
     error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True, default="")
@@ -613,7 +613,7 @@ class BulkItem(models.Model):
 
 class Intake(models.Model):
     """A new file of a big submission, accepted and durable, not yet a RestoreRequest. The POST
-    writes these narrow rows (one COPY, one index) and answers; carousel/intake.py moves them into
+    writes these narrow rows (one COPY, one index) and answers; carousel/domain/intake.py moves them into
     the queue, where each row enters the scheduler's indexes, triggers and foreign keys. No
     foreign key constraint in the database: the mover and Django's cascade from Bulk are the only
     writers, and a check per row would cost the POST what the intake saves."""
@@ -656,7 +656,7 @@ class HourlyStats(models.Model):
 
 class PathPrefix(models.Model):
     """A part of the namespace granted to a group: to restore from (read by the shipped path
-    authorisation plugin, carousel.authz.GroupPrefixes) or to deliver restored files into
+    authorisation plugin, carousel.domain.authz.GroupPrefixes) or to deliver restored files into
     (destination roots, always checked). Prefixes match whole path components."""
 
     class Purpose(models.TextChoices):
@@ -680,7 +680,7 @@ class PathPrefix(models.Model):
     def clean(self):
         from django.core.exceptions import ValidationError
 
-        from .paths import check_place
+        from carousel.domain.paths import check_place
 
         prefix, message = check_place(self.prefix or "", max_bytes=self._meta.get_field("prefix").max_length)
         if message:
@@ -688,7 +688,7 @@ class PathPrefix(models.Model):
         self.prefix = prefix
 
     def save(self, *args, **kwargs):
-        from .paths import check_place
+        from carousel.domain.paths import check_place
 
         prefix, message = check_place(self.prefix or "", max_bytes=self._meta.get_field("prefix").max_length)
         if message:
@@ -699,7 +699,7 @@ class PathPrefix(models.Model):
 
 # Rolled-up history (migration 0007_g_counters keeps them by database triggers, like the
 # backlog counters): never pruned, so usage reports and the metrics' counters outlive the
-# requests they count (carousel/retention.py prunes those).
+# requests they count (carousel/ops/retention.py prunes those).
 
 # A request's wait (submission to restored) falls in the first bucket whose bound it does not
 # exceed; the last bucket has no bound. Fixed: the rolled-up rows count by these indices, and the

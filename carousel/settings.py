@@ -77,13 +77,13 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "carousel.deploy.stager_context",
+                "carousel.infra.deploy.stager_context",
             ],
         },
     },
 ]
 
-# The embedded default; demo accounts are created only there (carousel/deploy.py).
+# The embedded default; demo accounts are created only there (carousel/infra/deploy.py).
 EMBEDDED_DATABASE_PATH = VAR_DIR / "carousel.sqlite3"
 _DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{EMBEDDED_DATABASE_PATH}")
 # Persistent connections: opening a PostgreSQL connection (a backend forked, authenticated,
@@ -194,7 +194,7 @@ CELERY_TASK_IGNORE_RESULT = True
 # under var/, which every process of the embedded default sees (a per-process memory cache
 # would let each gunicorn worker count its own throttle).
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "carousel.cache.RedisCache", "LOCATION": REDIS_URL,
+    CACHES = {"default": {"BACKEND": "carousel.infra.cache.RedisCache", "LOCATION": REDIS_URL,
                           "KEY_PREFIX": "carousel"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
@@ -211,7 +211,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # so an operator's change of the cycle period applies without a restart.
 CAROUSEL_TICK_S = float(os.environ.get("CAROUSEL_TICK_S", "2"))
 
-# Plugins: name -> dotted path, resolved lazily with import_string (see carousel/plugins.py).
+# Plugins: name -> dotted path, resolved lazily with import_string (see carousel/infra/plugins.py).
 CAROUSEL_STAGERS = {
     "immediate": "carousel.stagers.immediate.ImmediateStager",
     "hpss": "carousel.stagers.hpss.HpssStager",
@@ -233,23 +233,23 @@ CAROUSEL_SHARE_POLICIES = {
     "GRPW": "policies.sharing.GroupWeighted",
 }
 # `immediate` marks requests restored without reading a tape: the worker and beat refuse to
-# start on it unless this is set (carousel/deploy.py).
+# start on it unless this is set (carousel/infra/deploy.py).
 CAROUSEL_ALLOW_IMMEDIATE = env_bool("CAROUSEL_ALLOW_IMMEDIATE", False)
 # Keyword arguments of the stager's class, as JSON (e.g. {"url": ..., "token_file": ...}).
 CAROUSEL_STAGER_OPTIONS = json.loads(os.environ.get("CAROUSEL_STAGER_OPTIONS") or "{}")
 CAROUSEL_DELIVERIES = {
-    "none": "carousel.delivery.InPlace",
-    "copy": "carousel.delivery.LocalCopy",
-    "command": "carousel.delivery.SiteCommand",
+    "none": "carousel.loop.delivery.InPlace",
+    "copy": "carousel.loop.delivery.LocalCopy",
+    "command": "carousel.loop.delivery.SiteCommand",
 }
 CAROUSEL_DELIVERY = os.environ.get("CAROUSEL_DELIVERY", "none")
 CAROUSEL_DELIVERY_OPTIONS = json.loads(os.environ.get("CAROUSEL_DELIVERY_OPTIONS") or "{}")
 
-# Who may restore what (carousel/authz.py): "allow-all", "group-prefixes" (a group's path
+# Who may restore what (carousel/domain/authz.py): "allow-all", "group-prefixes" (a group's path
 # prefixes, edited in the admin), or a site's class as a dotted path.
 CAROUSEL_PATH_AUTHORIZATIONS = {
-    "allow-all": "carousel.authz.AllowAll",
-    "group-prefixes": "carousel.authz.GroupPrefixes",
+    "allow-all": "carousel.domain.authz.AllowAll",
+    "group-prefixes": "carousel.domain.authz.GroupPrefixes",
 }
 CAROUSEL_PATH_AUTHORIZATION = os.environ.get("CAROUSEL_PATH_AUTHORIZATION", "allow-all")
 # Where restored files may be delivered, for everyone (colon-separated absolute paths); groups
@@ -280,13 +280,13 @@ CAROUSEL_WLCG_FETCH_TIMEOUT_S = 10.0
 # Limits of one submission.
 CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
 # A submission of more new files than this is answered once they are durable in the intake and
-# queued moments later (carousel/intake.py). Storing a request directly costs about 60 us
+# queued moments later (carousel/domain/intake.py). Storing a request directly costs about 60 us
 # (docs/benchmarks.md, "Ingest against a bare COPY"), so up to 1,000 files are queued within the
 # answer's ~60 ms, as an XRootD hook's one-file prepare is; bigger ones would wait seconds.
 CAROUSEL_INTAKE_ABOVE = int(os.environ.get("CAROUSEL_INTAKE_ABOVE", "1000"))
 CAROUSEL_MAX_PATH_BYTES = 4096
 
-# Who may scrape /metrics (carousel/metrics.py): clients from these networks (CIDR,
+# Who may scrape /metrics (carousel/ops/metrics.py): clients from these networks (CIDR,
 # comma-separated), or with `Authorization: Bearer <CAROUSEL_METRICS_TOKEN>`. Open on the
 # embedded default; loopback only when DATABASE_URL is set and nothing is said.
 _EMBEDDED = "DATABASE_URL" not in os.environ
@@ -294,7 +294,7 @@ CAROUSEL_METRICS_ALLOW = env_list("CAROUSEL_METRICS_ALLOW") or (
     ["0.0.0.0/0", "::/0"] if _EMBEDDED else ["127.0.0.1/32", "::1/128"])
 CAROUSEL_METRICS_TOKEN = os.environ.get("CAROUSEL_METRICS_TOKEN", "")
 
-# Retention (carousel/retention.py): finished requests, transitions, jobs and submissions
+# Retention (carousel/ops/retention.py): finished requests, transitions, jobs and submissions
 # (the Tape REST door's stage requests among them) older than this are pruned; the rolled-up
 # usage rows and the metrics' counters stay.
 CAROUSEL_RETENTION_DAYS = float(os.environ.get("CAROUSEL_RETENTION_DAYS", "14"))
@@ -302,9 +302,9 @@ CAROUSEL_RETENTION_EVERY_S = float(os.environ.get("CAROUSEL_RETENTION_EVERY_S", 
 CAROUSEL_RETENTION_BATCH = int(os.environ.get("CAROUSEL_RETENTION_BATCH", "2000"))
 CAROUSEL_RETENTION_BUDGET_S = float(os.environ.get("CAROUSEL_RETENTION_BUDGET_S", "300"))
 
-# Structured logs (carousel/logs.py): CAROUSEL_LOG_FORMAT=json (one object per line, with the
+# Structured logs (carousel/ops/logs.py): CAROUSEL_LOG_FORMAT=json (one object per line, with the
 # cycle, job and request ids where they exist) or text; by default text in a terminal, JSON
 # elsewhere. The Celery processes use this configuration too (carousel/celery.py).
-from carousel.logs import logging_config  # noqa: E402
+from carousel.ops.logs import logging_config  # noqa: E402
 
 LOGGING = logging_config(level=os.environ.get("CAROUSEL_LOG_LEVEL", "INFO"))

@@ -245,7 +245,7 @@ def mount_profile(media, files_in_order, *, read_rate_mb_s=None, exchange_s=0.0)
     """Drive time of the mounts that read a prefix or a suffix of these (offset, size) files,
     in this order, robot exchanges (fetch and put-back) included: (pre, suf) with pre[k] for a
     mount reading files[:k] and suf[k] for one reading files[k:]; pre[0] and suf[n] are 0.
-    The mount planner (carousel/plan.py) cuts a tape's work where these say."""
+    The mount planner (carousel/loop/plan.py) cuts a tape's work where these say."""
     media = as_media(media)
     n = len(files_in_order)
     fixed = 2 * exchange_s + media.load_s + media.unload_s

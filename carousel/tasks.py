@@ -6,8 +6,12 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from . import delivery, intake, loop, plugins, withdrawals
-from .models import Control
+from carousel.loop import delivery
+from carousel.domain import intake
+from carousel.loop import cycle as loop
+from carousel.infra import plugins
+from carousel.loop import withdrawals
+from carousel.models import Control
 
 log = logging.getLogger("carousel.loop")
 _database_down = False  # this worker process has logged that the database is unreachable
@@ -64,6 +68,6 @@ def deliver(ids):
 
 @shared_task(name="carousel.tasks.settle_intake", ignore_result=True)
 def settle_intake(bulk_id):
-    """Queue a big submission's files from the intake, right after its answer (carousel/intake.py);
+    """Queue a big submission's files from the intake, right after its answer (carousel/domain/intake.py);
     what this does not do, the next cycle does."""
     intake.settle(bulk_id, now=timezone.now())

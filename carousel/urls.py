@@ -3,7 +3,7 @@ from django.urls import include, path, re_path
 from api.tape_rest.views import Discovery
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from carousel.metrics import metrics_view
+from carousel.ops.metrics import metrics_view
 
 urlpatterns = [
     path("metrics", metrics_view, name="metrics"),

@@ -1,4 +1,4 @@
-"""The pages' forms. Paths themselves are checked by the service (carousel/paths.py), as for
+"""The pages' forms. Paths themselves are checked by the service (carousel/domain/paths.py), as for
 the API; these forms only read them and the options."""
 from datetime import timedelta
 

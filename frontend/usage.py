@@ -1,4 +1,4 @@
-"""The usage page: the report of carousel/usage.py for a period, per user or group, with a CSV
+"""The usage page: the report of carousel/ops/usage.py for a period, per user or group, with a CSV
 export. Staff see every line; others their own (or their groups')."""
 from datetime import datetime, time, timedelta, timezone as dt_timezone
 
@@ -8,7 +8,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from carousel import usage
+from carousel.ops import usage
 
 
 class PeriodForm(forms.Form):

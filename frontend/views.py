@@ -13,8 +13,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from carousel import selectors, services
-from carousel.exceptions import CarouselError
+from carousel.domain import selectors
+from carousel.domain import services
+from carousel.domain.exceptions import CarouselError
 from carousel.models import ACTIVE_STATES, RestoreRequest, path_key
 from carousel.tasks import withdraw_on_commit
 

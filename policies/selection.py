@@ -13,11 +13,11 @@ from itertools import groupby
 
 from django.db.models import Count, Sum
 
-from carousel import db
+from carousel.infra import db
 from carousel.models import (
     IN_FLIGHT_STATES, Account, GroupShare, Job, RestoreRequest, Tape, TapeBacklog, UserBacklog,
 )
-from carousel.plugins import resolve
+from carousel.infra.plugins import resolve
 from carousel.tape import MEDIA, mount_profile
 
 from .sharing import GroupLimit, UserDemand

@@ -10,7 +10,7 @@ from carousel.models import Account, GroupShare
 
 
 def pytest_configure(config):
-    # The suite runs against real servers; `make test` starts them (carousel/localservices.py).
+    # The suite runs against real servers; `make test` starts them (carousel/infra/localservices.py).
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         raise pytest.UsageError("tests need PostgreSQL: run `make test`, or set DATABASE_URL and REDIS_URL")
 

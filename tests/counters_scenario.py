@@ -9,8 +9,9 @@ from django.contrib.auth.models import User
 from django.db.models import Count, Min, Sum
 from django.db.models.functions import Coalesce
 
-from carousel import selectors, services
-from carousel.loop import run_cycle
+from carousel.domain import selectors
+from carousel.domain import services
+from carousel.loop.cycle import run_cycle
 from carousel.models import ACTIVE_STATES, RequestState, RestoreRequest, UserStateCount
 from carousel.stagers.immediate import ImmediateStager
 

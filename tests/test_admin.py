@@ -1,7 +1,7 @@
 import pytest
 
 from carousel.models import Control, RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_admin_actions_cancel_and_retry_now(as_staff, alice, now):
 
 
 def test_retry_now_skips_a_file_the_user_already_asked_for_again(alice, now):
-    from carousel.services import request_retry_now
+    from carousel.domain.services import request_retry_now
 
     restore_submit(user=alice, now=now, paths=["/a"])
     RestoreRequest.objects.update(state="failed", finished_at=now)
@@ -63,7 +63,7 @@ def test_the_control_row_is_editable(as_staff):
 def test_the_admin_shows_stager_health_the_limit_quarantined_tapes_and_the_retry_queue(as_staff, alice, now):
     from datetime import timedelta
 
-    from carousel.loop import run_cycle
+    from carousel.loop.cycle import run_cycle
     from tests.test_backpressure import Backend, control
 
     control(jobs_in_flight=8, quarantine_failures=2, retry_cycle_s=900)

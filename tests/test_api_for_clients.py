@@ -1,6 +1,6 @@
 """What the thin clients need of the native API: a submission's label, found again by it; and one
 request's outlook (where it stands, why not yet)."""
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from tests.conftest import client_for
 
 

@@ -6,7 +6,7 @@ import pytest
 from django.test import override_settings
 
 from carousel.models import Bulk, BulkItem, RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 
 URL = "/api/v1/requests/"
 
@@ -103,7 +103,7 @@ def test_a_sensible_pin_lifetime_is_kept(as_alice, lifetime):
 def test_the_service_refuses_a_senseless_pin_lifetime_from_any_door(alice, now):
     from datetime import timedelta
 
-    from carousel.exceptions import InvalidSubmission
+    from carousel.domain.exceptions import InvalidSubmission
 
     for bad in (timedelta(0), timedelta(hours=-1), timedelta(days=999_999_999)):
         with pytest.raises(InvalidSubmission, match="pin_lifetime"):

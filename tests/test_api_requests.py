@@ -1,6 +1,6 @@
 from datetime import timedelta
 
-from carousel.loop import run_cycle
+from carousel.loop.cycle import run_cycle
 from carousel.models import RestoreRequest, Transition
 
 URL = "/api/v1/requests/"

@@ -3,7 +3,7 @@ operation can give is documented with the error body that comes back."""
 import jsonschema
 import pytest
 
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 
 
 @pytest.fixture

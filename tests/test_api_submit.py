@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from carousel import selectors
+from carousel.domain import selectors
 from carousel.models import Bulk, BulkItem, Control, Intake, RestoreRequest
 
 URL = "/api/v1/requests/"
@@ -141,7 +141,7 @@ def test_it_takes_100000_paths_in_one_post(as_alice):
     r = as_alice.post(URL, {"paths": paths}, format="json")
     assert r.status_code == 201
     assert r.json()["created"] == 100_000
-    # Durable in the intake at the answer (carousel/intake.py); reading the submission queues
+    # Durable in the intake at the answer (carousel/domain/intake.py); reading the submission queues
     # them, as the task sent at the commit does.
     bulk = r.json()["bulk_id"]
     assert Intake.objects.filter(bulk_id=bulk).count() == 100_000

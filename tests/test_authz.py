@@ -3,10 +3,10 @@ one grants groups path prefixes (whole components). Every door goes through rest
 import pytest
 from django.contrib.auth.models import Group
 
-from carousel.authz import PathAuthorization, paths_refused
-from carousel.exceptions import NotAllowed
+from carousel.domain.authz import PathAuthorization, paths_refused
+from carousel.domain.exceptions import NotAllowed
 from carousel.models import Bulk, PathPrefix, RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 
 URL = "/api/v1/requests/"
 
@@ -75,7 +75,7 @@ def test_a_site_plugin_is_named_by_its_dotted_path(as_alice, settings):
 
 
 def test_a_plugin_name_that_is_not_registered_says_so(alice, settings, now):
-    from carousel.plugins import PluginError
+    from carousel.infra.plugins import PluginError
 
     settings.CAROUSEL_PATH_AUTHORIZATION = "nobody-knows"
     with pytest.raises(PluginError, match="CAROUSEL_PATH_AUTHORIZATIONS"):

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from carousel.models import Bulk, RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from tests.conftest import client_for, grant_operator_permissions, make_user
 
 WHO = ["alice", "bob", "staffer", "operator", "nobody"]

@@ -4,10 +4,10 @@ from datetime import timedelta
 
 from django.test import Client
 
-from carousel.claiming import claim_jobs
-from carousel.loop import run_cycle
+from carousel.loop.claiming import claim_jobs
+from carousel.loop.cycle import run_cycle
 from carousel.models import Control, Job, RestoreRequest, StagerHealth, Tape
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from carousel.stagers.base import FileStatus, StagerUnavailable
 from policies.selection import share_policy, sort_policy
 from tests.site_plugins import MapStager
@@ -268,8 +268,8 @@ def test_cancelling_withdraws_from_the_stager_unless_another_user_shares_the_sta
     backend = Backend()
     backend.cancel = lambda backend_id, paths: cancelled.extend(paths)
     run_cycle(now=now, stager=backend)
-    from carousel.services import request_cancel
-    from carousel.withdrawals import send_stager_calls
+    from carousel.domain.services import request_cancel
+    from carousel.loop.withdrawals import send_stager_calls
 
     request_cancel(queryset=RestoreRequest.objects.filter(user=alice), now=now)
     send_stager_calls(now=now, stager=backend)

@@ -10,12 +10,12 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connections, transaction
 from django.test import Client
 
-from carousel.exceptions import InvalidSubmission
-from carousel.loop import run_cycle
+from carousel.domain.exceptions import InvalidSubmission
+from carousel.loop.cycle import run_cycle
 from carousel.models import Control, Job, RestoreRequest, StagerCall, Tape
 from carousel.stagers.base import LocateError, StagerUnavailable
 from carousel.stagers.immediate import ImmediateStager
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from tests.conftest import client_for
 from tests.test_backpressure import GB, Backend, control
 from tests.test_frontend import DrivesStager
@@ -133,12 +133,12 @@ def test_failures_that_say_nothing_about_the_tape_do_not_quarantine_it(alice, no
 
 
 def test_an_exception_escaping_the_cycle_is_shown_in_the_admin_and_the_api(alice, operator, now, monkeypatch):
-    import carousel.loop
+    import carousel.loop.cycle
 
     def broken(**kwargs):
         raise RuntimeError("delivery table on fire")
 
-    monkeypatch.setattr(carousel.loop, "dispatch_deliveries", broken)
+    monkeypatch.setattr(carousel.loop.cycle, "dispatch_deliveries", broken)
     restore_submit(user=alice, now=now, paths=["/x/a"])
     report = run_cycle(now=now, stager=FlakyStager())
     assert "RuntimeError: delivery table on fire" in report.error
@@ -350,7 +350,7 @@ class RefusingStager(ImmediateStager):
 
 
 def test_stager_calls_are_bounded_per_cycle_and_a_slow_stager_does_not_hold_the_cycle(alice, now):
-    from carousel.withdrawals import send_stager_calls
+    from carousel.loop.withdrawals import send_stager_calls
 
     StagerCall.objects.bulk_create([StagerCall(kind="cancel", backend_id=f"b{i}", paths=[f"/s/{i}"], created_at=now,
                                                next_at=now) for i in range(5)])
@@ -410,7 +410,7 @@ def test_a_copy_another_request_still_pins_is_not_released(alice, bob, now):
 
 
 def test_release_pins_ends_the_users_own_pins_at_once(alice, bob, now):
-    from carousel.pins import release_pins
+    from carousel.domain.pins import release_pins
 
     restore_submit(user=alice, now=now, paths=["/rel/a", "/rel/b"], pin_lifetime=HOUR)
     restore_submit(user=bob, now=now, paths=["/rel/b"], pin_lifetime=HOUR)

@@ -140,7 +140,7 @@ def test_an_operator_changes_the_sharing_policy_and_the_live_page_follows(open_p
 
 
 def test_the_pages_read_well_on_a_phone(open_page, alice, now):
-    from carousel.services import restore_submit
+    from carousel.domain.services import restore_submit
 
     restore_submit(user=alice, now=now, paths=[f"/star/raw/run{i:03d}/a-rather-long-file-name-{i}.daq"
                                                for i in range(5)])

@@ -1,5 +1,5 @@
 """Claiming writes each request's job and place in it with UPDATEs that join a list of (file,
-job, rank) (carousel/db.py update_joined): a file must get the job and the rank it is sent
+job, rank) (carousel/infra/db.py update_joined): a file must get the job and the rank it is sent
 with, whoever asked for it, and the claim must stamp the request as a transition does."""
 import random
 from collections import Counter
@@ -9,13 +9,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 
-from carousel import db
-from carousel.claiming import claim_jobs
-from carousel.locating import locate_requests
-from carousel.loop import run_cycle
+from carousel.infra import db
+from carousel.loop.claiming import claim_jobs
+from carousel.loop.locating import locate_requests
+from carousel.loop.cycle import run_cycle
 from carousel.models import Control, Job, JobState, RestoreRequest, Transition
-from carousel.mounts import MOUNTS_AHEAD, MountPlanner
-from carousel.services import request_transition, restore_submit
+from carousel.loop.mounts import MOUNTS_AHEAD, MountPlanner
+from carousel.domain.services import request_transition, restore_submit
 from carousel.tape import GB
 from policies.selection import share_policy, sort_policy
 from tests.test_plan import library_stager, run_until

@@ -9,7 +9,7 @@ from pathlib import Path
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from carousel import selectors
+from carousel.domain import selectors
 
 from . import counters_scenario
 
@@ -36,7 +36,7 @@ def test_counters_follow_every_write_path_on_sqlite(tmp_path):
 def test_the_summary_reads_counters_not_the_users_rows(alice, now):
     """The summary's queries never count or sum the request table: they read the counters and
     take one row per active state from an index (LIMIT 1)."""
-    from carousel.services import restore_submit
+    from carousel.domain.services import restore_submit
 
     restore_submit(user=alice, paths=[f"/s/{i}" for i in range(50)], now=now)
     with CaptureQueriesContext(connection) as queries:

@@ -4,15 +4,15 @@ from datetime import timedelta
 
 import pytest
 
-from carousel.loop import run_cycle
+from carousel.loop.cycle import run_cycle
 from carousel.models import RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from tests.test_backpressure import Backend, control
 
 
 @pytest.fixture(autouse=True)
 def _destination_root(settings, tmp_path):
-    # The operator allows deliveries under the test's directory (carousel/authz.py).
+    # The operator allows deliveries under the test's directory (carousel/domain/authz.py).
     settings.CAROUSEL_DESTINATION_ROOTS = [str(tmp_path)]
 
 

@@ -59,7 +59,7 @@ def test_the_loop_refuses_to_start_on_the_immediate_stager(role, tmp_path):
 
 
 def test_the_loop_starts_on_immediate_when_told_explicitly(settings):
-    from carousel.deploy import check_loop_stager
+    from carousel.infra.deploy import check_loop_stager
     from django.core.exceptions import ImproperlyConfigured
 
     settings.CAROUSEL_STAGER = "immediate"
@@ -177,7 +177,7 @@ def test_demo_accounts_are_refused_outside_the_embedded_default(db):
 
 
 def test_the_embedded_default_is_recognised(tmp_path):
-    code = "import django; django.setup(); from carousel.deploy import is_embedded_database as e; print(e())"
+    code = "import django; django.setup(); from carousel.infra.deploy import is_embedded_database as e; print(e())"
     run = lambda **env: subprocess.run(  # noqa: E731
         [sys.executable, "-c", code], env=_clean_env(DJANGO_SETTINGS_MODULE="carousel.settings",
                                                      CAROUSEL_VAR_DIR=str(tmp_path), **env),

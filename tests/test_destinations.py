@@ -5,10 +5,10 @@ import sys
 import pytest
 from django.contrib.auth.models import Group
 
-from carousel.delivery import SiteCommand
-from carousel.exceptions import CarouselError
+from carousel.loop.delivery import SiteCommand
+from carousel.domain.exceptions import CarouselError
 from carousel.models import Bulk, PathPrefix, RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 
 URL = "/api/v1/requests/"
 

@@ -2,7 +2,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from carousel.models import Job, RestoreRequest, Transition, path_key
-from carousel.services import request_transition, restore_submit
+from carousel.domain.services import request_transition, restore_submit
 
 
 def one(alice, now, path="/a"):

@@ -62,7 +62,7 @@ def test_export_of_a_replayed_workload_gives_back_its_tapes_files_and_requests(d
 
 
 def test_unknown_positions_are_laid_end_to_end_and_said(db, tmp_path, alice, now):
-    from carousel.services import restore_submit
+    from carousel.domain.services import restore_submit
 
     restore_submit(user=alice, now=now, paths=["/rest/b", "/rest/a"])
     tape = Tape.objects.create(label="TR1", media="")

@@ -10,13 +10,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from carousel import selectors
-from carousel.locating import locate_requests
-from carousel.loop import run_cycle
+from carousel.domain import selectors
+from carousel.loop.locating import locate_requests
+from carousel.loop.cycle import run_cycle
 from carousel.models import (
     Account, Bulk, Control, Intake, Job, RestoreRequest, StagerHealth, Tape, Transition,
 )
-from carousel.services import bulk_notify_complete, restore_submit
+from carousel.domain.services import bulk_notify_complete, restore_submit
 from carousel.stagers.base import FileStatus
 from carousel.stagers.immediate import ImmediateStager
 from frontend import charts

@@ -147,7 +147,7 @@ def test_gfal2_clients_discover_stage_poll_and_abort(credentials, tmp_path):
 
 
 def test_gfal_evict_releases_the_callers_pins(credentials):
-    pytest.importorskip("carousel.pins")  # helper c's real pins: release_pins
+    pytest.importorskip("carousel.domain.pins")  # helper c's real pins: release_pins
     url, token, user, prefix = credentials
     f = f"{url}{prefix}/evict/f0"
     assert gfal("gfal-bringonline", f, "--polling-timeout", "120", token=token).returncode == 0

@@ -1,5 +1,5 @@
-"""The stager's health and the adaptive jobs-in-flight limit, as pure rules (carousel/health.py)."""
-from carousel.health import DOWN, HEALTHY, STALLED, Health, Observation, judge, projected_disk_use
+"""The stager's health and the adaptive jobs-in-flight limit, as pure rules (carousel/loop/health.py)."""
+from carousel.loop.health import DOWN, HEALTHY, STALLED, Health, Observation, judge, projected_disk_use
 
 K = 16
 

@@ -1,4 +1,4 @@
-"""Big submissions through the intake (carousel/intake.py): answered once their files are durable,
+"""Big submissions through the intake (carousel/domain/intake.py): answered once their files are durable,
 queued moments later exactly as the direct path would have queued them, and never lost, doubled
 or hidden in between."""
 from datetime import timedelta
@@ -7,10 +7,10 @@ import pytest
 from django.contrib.auth.models import Group
 from django.utils import timezone
 
-from carousel import intake
-from carousel.loop import run_cycle
+from carousel.domain import intake
+from carousel.loop.cycle import run_cycle
 from carousel.models import Bulk, BulkItem, Intake, Job, RequestState as S, RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 
 URL = "/api/v1/requests/"
 STAGE = "/api/tape-rest/v1/stage/"
@@ -74,7 +74,7 @@ def test_the_users_next_submission_sees_the_waiting_files_as_its_own(small_intak
 
 
 def test_the_ceiling_counts_the_waiting_files(small_intake, alice, now):
-    from carousel.exceptions import QueueCeilingReached
+    from carousel.domain.exceptions import QueueCeilingReached
     from carousel.models import Control
 
     Control.objects.update_or_create(id=1, defaults={"default_queued_ceiling": 5})
@@ -124,7 +124,7 @@ def test_a_waiting_file_another_user_stages_joins_that_stage_at_the_move(small_i
 def test_a_submission_still_waiting_is_not_finished(small_intake, alice, now, mailoutbox):
     """Its files are not requests yet, so none is active: it must not count as finished (no
     completion notice) until they are queued and done."""
-    from carousel.services import bulk_notify_complete
+    from carousel.domain.services import bulk_notify_complete
 
     alice.email = "alice@example.org"
     alice.save()

@@ -12,10 +12,10 @@ from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 
 from api.serializers import RequestSerializer
-from carousel import selectors
-from carousel.loop import run_cycle
+from carousel.domain import selectors
+from carousel.loop.cycle import run_cycle
 from carousel.models import RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 
 URL = "/api/v1/requests/"
 
@@ -31,7 +31,7 @@ def varied(alice, bob, now, settings):
     restore_submit(user=bob, paths=["/l/a"], now=now + timedelta(seconds=2))
     run_cycle(now=now + timedelta(seconds=10))
     services_cancel = RestoreRequest.objects.filter(path="/l/e")
-    from carousel.services import request_cancel
+    from carousel.domain.services import request_cancel
     request_cancel(queryset=services_cancel, now=now + timedelta(seconds=11))
     return list(RestoreRequest.objects.select_related("tape", "user").order_by("id"))
 
@@ -92,7 +92,7 @@ def test_every_filter_of_the_list_has_an_index(name, who, alice, operator, now):
     user = alice if who == "alice" else operator
     restore_submit(user=user, paths=[f"/other/{i}" for i in range(3000)], now=now - timedelta(days=1))
     tape = RestoreRequest.objects.filter(tape__isnull=False).values_list("tape__label", flat=True).first()
-    from carousel.services import request_cancel
+    from carousel.domain.services import request_cancel
     request_cancel(queryset=RestoreRequest.objects.filter(path__in=["/f/run01/1", "/f/run01/2"]), now=now)
     args = {"state": {"state": ["cancelled"]}, "bulk": {"bulk": result.bulk.id}, "tape": {"tape": tape},
             "since": {"since": now - timedelta(hours=1)}, "until": {"until": now - timedelta(days=2)},

@@ -2,7 +2,7 @@
 see the aggregates and their own files, never another user's name or path."""
 import pytest
 
-from carousel.loop import run_cycle
+from carousel.loop.cycle import run_cycle
 from carousel.models import Control
 from carousel.stagers.immediate import ImmediateStager
 from tests.test_frontend import located

@@ -15,8 +15,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from carousel.logs import ConsoleFormatter, JsonFormatter, log_context, log_format
-from carousel.services import restore_submit
+from carousel.ops.logs import ConsoleFormatter, JsonFormatter, log_context, log_format
+from carousel.domain.services import restore_submit
 
 
 def _logger(formatter):

@@ -3,10 +3,10 @@ from datetime import timedelta
 
 from django.db import connections
 
-from carousel import db
-from carousel.loop import run_cycle
+from carousel.infra import db
+from carousel.loop.cycle import run_cycle
 from carousel.models import Control, Job, RestoreRequest, Tape
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from carousel.stagers.base import FileStatus, LocateError
 from carousel.stagers.immediate import ImmediateStager
 

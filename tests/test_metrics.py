@@ -16,11 +16,11 @@ from django.db import connection
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from carousel.loop import run_cycle
-from carousel.metrics import CYCLE_BUCKETS_S, record_cycle
+from carousel.loop.cycle import run_cycle
+from carousel.ops.metrics import CYCLE_BUCKETS_S, record_cycle
 from carousel.models import Control, RestoreRequest, StagerHealth, Tape
-from carousel.retention import prune
-from carousel.services import restore_submit
+from carousel.ops.retention import prune
+from carousel.domain.services import restore_submit
 from carousel.stagers.base import FileStatus
 from carousel.stagers.immediate import ImmediateStager
 

@@ -1,17 +1,17 @@
-"""The mount plan: the pure planner (carousel/plan.py), and the loop laying jobs out on the
+"""The mount plan: the pure planner (carousel/loop/plan.py), and the loop laying jobs out on the
 drives' chains, sending each when the one before it is done, and cutting a long mount for a
-short one that waited (carousel/mounts.py)."""
+short one that waited (carousel/loop/mounts.py)."""
 import random
 from datetime import timedelta
 
 import pytest
 
-from carousel import plan
+from carousel.loop import plan
 from policies.order import read_order
 from carousel.sim.library import File, Library
-from carousel.loop import run_cycle
+from carousel.loop.cycle import run_cycle
 from carousel.models import Control, Job, JobState, RestoreRequest, StagerHealth
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from carousel.stagers.simulated import SimulatedStager
 from carousel.tape import GB, mount_profile, tape_work_s
 
@@ -404,7 +404,7 @@ def test_drive_allocation_applies_at_the_next_cycle_and_shows_on_the_live_page(p
     """An operator limits production to one drive: from the next cycle on, its mounts go to
     the stager one at a time (the other drives take analysis' work, or wait); raised to
     three, production reads on more drives at the next cycle. The live page shows both."""
-    from carousel import selectors
+    from carousel.domain import selectors
     from carousel.models import GroupShare
 
     now = planned
@@ -442,7 +442,7 @@ def test_a_drive_that_frees_early_takes_a_mount_waiting_on_another_chain(planned
     """The final round was laid out from estimates; when a drive runs out of work while a long
     mount still waits on another drive's chain, the next cycle lays the final round out again
     and that mount goes to the free drive, without waiting for new work to be chosen."""
-    from carousel.services import request_transition
+    from carousel.domain.services import request_transition
     from tests.site_plugins import MapStager
 
     now = planned

@@ -1,7 +1,7 @@
 import pytest
 from django.core.checks import run_checks
 
-from carousel import plugins
+from carousel.infra import plugins
 from carousel.stagers.immediate import ImmediateStager
 
 

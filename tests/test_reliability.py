@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from django.db.models import Count
 
-from carousel.localservices import free_port
+from carousel.infra.localservices import free_port
 from carousel.models import Control, Job, RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from tests.test_worker import _test_database_url
 
 SITE = Path(__file__).parent / "fakes" / "site_stager"
@@ -162,11 +162,11 @@ def test_restarting_redis_in_the_middle_of_a_run_loses_nothing(transactional_db,
 
 def test_restarting_postgresql_in_the_middle_of_a_run_loses_nothing_and_logs_the_outage_once(
         transactional_db, tmp_path, site, alice, now):
-    """The suite's own PostgreSQL server (carousel.localservices) is stopped for a few seconds
+    """The suite's own PostgreSQL server (carousel.infra.localservices) is stopped for a few seconds
     under the running worker and beat, then started again with the same options."""
     from django.db import connections
 
-    from carousel.localservices import PG_BIN, _as_postgres
+    from carousel.infra.localservices import PG_BIN, _as_postgres
 
     services = os.environ.get("CAROUSEL_SERVICES_DIR")
     if not services:

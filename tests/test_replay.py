@@ -8,13 +8,13 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from carousel import plugins
-from carousel.loop import run_cycle
+from carousel.infra import plugins
+from carousel.loop.cycle import run_cycle
 from carousel.sim.lowerbound import lower_bound
 from carousel.models import Control, RestoreRequest
 from carousel.sim.library import Mismatch
 from carousel.sim.replay import ReplayError, drain, replay_baseline, replay_broker, report
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from carousel.stagers import simulated
 from carousel.stagers.base import JobSpec
 from carousel.stagers.simulated import SimulatedStager, synthetic_location

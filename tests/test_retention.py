@@ -4,10 +4,10 @@ from datetime import timedelta
 from django.db.models import Sum
 
 from carousel.celery import app
-from carousel.loop import run_cycle
+from carousel.loop.cycle import run_cycle
 from carousel.models import (Bulk, CounterTotal, Job, RestoreRequest, Transition, UsageDay, UsageWait)
-from carousel.retention import prune
-from carousel.services import restore_submit
+from carousel.ops.retention import prune
+from carousel.domain.services import restore_submit
 from carousel.stagers.immediate import ImmediateStager
 
 

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
-from carousel.localservices import free_port
+from carousel.infra.localservices import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -25,7 +25,7 @@ SETUP = """
 from django.contrib.auth.models import User
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 user = User.objects.create_user("fuzz", password="fuzz-pw")
 restore_submit(user=user, now=timezone.now(), paths=["/fuzz/a", "/fuzz/b", "/fuzz/c"], pin_lifetime=None)
 print(Token.objects.create(user=user).key)

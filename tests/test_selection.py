@@ -4,10 +4,10 @@ from datetime import timedelta
 import pytest
 from django.db import connections
 
-from carousel.claiming import claim_jobs
-from carousel.loop import run_cycle
+from carousel.loop.claiming import claim_jobs
+from carousel.loop.cycle import run_cycle
 from carousel.models import Control, RestoreRequest, TapeBacklog, UserBacklog
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from policies.selection import share_policy, sort_policy
 from tests.site_plugins import MapStager
 
@@ -181,7 +181,7 @@ def test_the_first_round_of_mounts_already_follows_the_weights(alice, charlie, n
 def test_drive_time_held_counts_against_the_next_turns(alice, charlie, now):
     """A user whose mounts are planned or on the drives waits while the other catches up: the
     share is of drive time held, not of one cycle's slots."""
-    from carousel.locating import locate_requests
+    from carousel.loop.locating import locate_requests
 
     ctl = control(share_policy="EQUAL", sort_policy="TAPEID", files_per_job=5, jobs_in_flight=4)
     stager = on_tapes("ac", 5, 10)

@@ -4,9 +4,9 @@ from datetime import timedelta
 
 import pytest
 
-from carousel.loop import run_cycle
+from carousel.loop.cycle import run_cycle
 from carousel.models import Control, RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from carousel.stagers import simulated
 from carousel.stagers.base import JobSpec, LocateError
 from carousel.stagers.simulated import SimulatedStager

@@ -5,7 +5,7 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from carousel.models import Job, RestoreRequest, Tape
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from tests.conftest import client_for, make_user
 
 

@@ -348,9 +348,9 @@ def test_site_label_patterns_give_each_volume_its_technology(catalog, tmp_path):
 
 def test_through_hsi_the_loop_lays_jobs_out_on_the_drives_chains(catalog, tmp_path, db, alice, now, monkeypatch):
     """hsi shows no drives: the control row's count and the site's label patterns give the plan."""
-    from carousel.loop import run_cycle
+    from carousel.loop.cycle import run_cycle
     from carousel.models import Control, Job, JobState, RestoreRequest
-    from carousel.services import restore_submit
+    from carousel.domain.services import restore_submit
 
     monkeypatch.setenv("FAKE_HSI_HOLD", "1")  # recalls stay in flight: the plan can be seen
     Control.objects.update_or_create(id=1, defaults={"files_per_job": 50, "jobs_in_flight": 10, "drives": 2,

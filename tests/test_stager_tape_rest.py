@@ -272,7 +272,7 @@ def test_it_has_no_drive_view(stager):
 
 
 def test_it_is_the_tape_rest_plugin(server, settings, tmp_path):
-    from carousel import plugins
+    from carousel.infra import plugins
 
     settings.CAROUSEL_STAGER = "tape-rest"
     settings.CAROUSEL_STAGER_OPTIONS = {"url": server.url, "token": TOKEN, "state_dir": str(tmp_path)}

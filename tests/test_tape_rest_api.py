@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from carousel import grid
+from carousel.grid import door as grid
 from carousel.models import (
     Account, Bulk, ErrorClass, FileLocation, Job, RequestState as S, RestoreRequest, Tape, path_key,
 )
@@ -273,7 +273,7 @@ def test_archiveinfo_route_gives_a_locality_for_known_paths(as_alice, now, slash
 
 
 def test_release_calls_the_pins_of_the_requests_user(as_alice, alice):
-    pins = pytest.importorskip("carousel.pins")  # helper c's real pins
+    pins = pytest.importorskip("carousel.domain.pins")  # helper c's real pins
     rid = stage(as_alice, ["/d/a"]).json()["requestId"]
     calls = []
     original = pins.release_pins

@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.authtoken.models import Token
 
 from carousel.models import RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 
 from .conftest import client_for
 
@@ -102,7 +102,7 @@ def test_without_the_cache_the_database_answers_every_time(settings, as_alice):
 def test_a_service_account_made_or_unmade_counts_at_once(alice, bob, as_alice, now):
     """Whether the token's owner acts for others is cached with it: a service account lists
     the requests it submitted for others, and the change of the flag is seen at the next poll."""
-    from carousel.grid import submission_create
+    from carousel.grid.door import submission_create
     from carousel.models import Account
 
     restore_submit(user=alice, now=now, paths=["/a/1"])
@@ -120,10 +120,10 @@ def test_a_service_account_made_or_unmade_counts_at_once(alice, bob, as_alice, n
 
 def test_the_redis_cache_builds_one_client_per_pool(settings):
     """Django's Redis backend builds a redis.Redis per call (a table of ~170 callbacks each
-    time); carousel.cache keeps one per connection pool."""
+    time); carousel.infra.cache keeps one per connection pool."""
     from django.core.cache import cache
 
-    if settings.CACHES["default"]["BACKEND"] != "carousel.cache.RedisCache":
+    if settings.CACHES["default"]["BACKEND"] != "carousel.infra.cache.RedisCache":
         pytest.skip("the embedded default has no Redis")
     cache.set("carousel-test-client", 1)
     client = cache._cache.get_client(write=True)

@@ -7,11 +7,11 @@ from datetime import timedelta
 import pytest
 from django.db.models import Sum
 
-from carousel import usage
-from carousel.loop import run_cycle
+from carousel.ops import usage
+from carousel.loop.cycle import run_cycle
 from carousel.models import WAIT_BUCKETS_S, Control, RestoreRequest
-from carousel.retention import prune
-from carousel.services import request_cancel, restore_submit
+from carousel.ops.retention import prune
+from carousel.domain.services import request_cancel, restore_submit
 from tests.conftest import client_for
 from tests.test_loop import ScriptedStager
 

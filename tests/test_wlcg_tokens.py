@@ -8,7 +8,7 @@ from django.core.cache import cache
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from carousel import wlcg
+from carousel.grid import tokens as wlcg
 from carousel.models import Account, Bulk, RestoreRequest, WlcgGroupMap, WlcgIdentity
 from tests.conftest import client_for
 from tests.fakes.wlcg_issuer import Issuer

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from carousel.models import RestoreRequest
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 
 
 @pytest.fixture

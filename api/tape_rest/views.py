@@ -1,4 +1,4 @@
-"""The Tape REST API v1's views: parse the body, check the token's scopes, call carousel.grid,
+"""The Tape REST API v1's views: parse the body, check the token's scopes, call carousel.grid.door,
 render. Errors are RFC 7807 problem documents (application/problem+json)."""
 import json
 import uuid
@@ -13,8 +13,8 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from carousel import grid
-from carousel.exceptions import CarouselError
+from carousel.grid import door as grid
+from carousel.domain.exceptions import CarouselError
 from carousel.tasks import withdraw_on_commit
 
 PROBLEM = "application/problem+json"

@@ -22,7 +22,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from ..tape import MEDIA, locate_s, read_s, rewind_s
+from carousel.tape import MEDIA, locate_s, read_s, rewind_s
 
 DEFAULT_ROBOTS = 4
 DEFAULT_EXCHANGE_S = 11.0  # BNL's SL8500 figure, tape-physics.md

@@ -26,7 +26,7 @@ Each is checked against exact optima in tests/test_lowerbound.py.
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from ..tape import MEDIA, band_of, position, read_s, wrap_of
+from carousel.tape import MEDIA, band_of, position, read_s, wrap_of
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Replay a workload (carousel/sim/workload.py) against the simulated library (carousel/sim/library.py).
 
 - replay_broker(): the real broker. Users, groups and caps from the workload; requests enter
-  through services.restore_submit at their arrival time; carousel.loop.run_cycle runs with the
+  through services.restore_submit at their arrival time; carousel.loop.cycle.run_cycle runs with the
   simulated stager on a simulated clock, every cycle_s. It runs in the current database, which
   must hold no requests (a throwaway one: the `simulate` command makes it). To be fast, the clock
   skips ahead to the next cycle at which something can change: an arrival, a file's state in the
@@ -23,8 +23,8 @@ from datetime import datetime, timedelta, timezone
 
 from policies.order import read_order
 
-from .library import Library
-from .lowerbound import lower_bound
+from carousel.sim.library import Library
+from carousel.sim.lowerbound import lower_bound
 
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 BASELINES = ("direct", "eradat", "eradat-rao")
@@ -130,7 +130,7 @@ def setup_database(workload, control):
     {username: User}."""
     from django.contrib.auth.models import Group, User
 
-    from ..models import Account, Control, GroupShare
+    from carousel.models import Account, Control, GroupShare
 
     unknown = sorted(set(control) - set(CONTROL_FIELDS))
     if unknown:
@@ -156,11 +156,11 @@ def setup_database(workload, control):
 def replay_broker(workload, *, control=None, progress=None, mismatch=None):
     """Run the real loop over the workload in the current (empty) database; `mismatch`: a
     library.Mismatch for a library departing from the model the broker plans with."""
-    from .. import intake
-    from ..loop import run_cycle
-    from ..models import ACTIVE_STATES, Control, RestoreRequest
-    from ..services import restore_submit
-    from ..stagers.simulated import SimulatedStager
+    from carousel.domain import intake
+    from carousel.loop.cycle import run_cycle
+    from carousel.models import ACTIVE_STATES, Control, RestoreRequest
+    from carousel.domain.services import restore_submit
+    from carousel.stagers.simulated import SimulatedStager
 
     began = time.perf_counter()
     if RestoreRequest.objects.exists():
@@ -239,10 +239,10 @@ def _loop_deadline(row, now):
     """The next moment a time limit of the loop may change what it does, or None: a retry
     coming due, a deadline, a queued request reaching the maximum wait (or the worth-mounting
     wait), jobs in flight reaching the stall time, a short mount's wait that lets it cut a long
-    one (carousel.mounts.preempt)."""
+    one (carousel.loop.mounts.preempt)."""
     from django.db.models import Max, Min, Q
 
-    from ..models import ACTIVE_STATES, Job, JobState, RequestState, RestoreRequest, StagerHealth
+    from carousel.models import ACTIVE_STATES, Job, JobState, RequestState, RestoreRequest, StagerHealth
 
     moments = []
     # One pass over the requests for all three (a replay's SQLite scans for each).

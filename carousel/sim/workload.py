@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 from numbers import Real
 
-from .library import DEFAULT_EXCHANGE_S, DEFAULT_ROBOTS, File
-from ..tape import MEDIA
+from carousel.sim.library import DEFAULT_EXCHANGE_S, DEFAULT_ROBOTS, File
+from carousel.tape import MEDIA
 
 FORMAT = "carousel-workload/1"
 

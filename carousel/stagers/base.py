@@ -68,5 +68,5 @@ class Stager:
         nothing). Known keys: "drives" (a list of dicts: "name", "media", "tape", "activity"),
         "queued_files", "disk_free_bytes", "disk_total_bytes"; "read_rate_mb_s" and
         "exchange_s" (a robot's cartridge move) when they differ from the media's tables. The
-        loop plans mounts for the drives listed (carousel/plan.py)."""
+        loop plans mounts for the drives listed (carousel/loop/plan.py)."""
         return {}

@@ -27,8 +27,8 @@ import shlex
 import signal
 import subprocess
 
-from ..models import ErrorClass, Job
-from .base import FileStatus, LocateError, Location, Stager, StagerUnavailable
+from carousel.models import ErrorClass, Job
+from carousel.stagers.base import FileStatus, LocateError, Location, Stager, StagerUnavailable
 
 log = logging.getLogger(__name__)
 

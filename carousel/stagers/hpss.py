@@ -30,9 +30,9 @@ from pathlib import Path
 
 from django.conf import settings
 
-from ..models import ErrorClass
-from ..tape import MEDIA
-from .base import FileStatus, LocateError, Location, Stager, StagerUnavailable
+from carousel.models import ErrorClass
+from carousel.tape import MEDIA
+from carousel.stagers.base import FileStatus, LocateError, Location, Stager, StagerUnavailable
 
 # ----------------------------------------------------------------------------------------------
 # What hsi prints, and how it is read. Sources:
@@ -279,7 +279,7 @@ def media_rules(media, default_media):
     return rules
 
 
-# With a technology known, the broker plans mounts for the tape (carousel/mounts.py) and orders
+# With a technology known, the broker plans mounts for the tape (carousel/loop/mounts.py) and orders
 # its files with the tape model, which takes Location.position for a byte offset. HPSS gives
 # no byte offset, only (section, offset in it), so the key is moved past the end of every
 # technology's tape: the model then sees the files one after another at the tape's end, each

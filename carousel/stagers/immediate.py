@@ -3,7 +3,7 @@ directory, and is on disk at the first poll after its job is sent. It lets the b
 end to end before the simulated tape library is plugged in; nothing else should rely on it."""
 import hashlib
 
-from .base import FileStatus, Location, Stager
+from carousel.stagers.base import FileStatus, Location, Stager
 
 GB = 10**9
 

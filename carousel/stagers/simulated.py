@@ -24,9 +24,9 @@ import shutil
 import time
 from pathlib import Path
 
-from ..sim.library import CANCELLED, FAILED, File, Library
-from ..tape import GB, MEDIA
-from .base import FileStatus, LocateError, Location, Stager
+from carousel.sim.library import CANCELLED, FAILED, File, Library
+from carousel.tape import GB, MEDIA
+from carousel.stagers.base import FileStatus, LocateError, Location, Stager
 
 STATE_VERSION = 1
 FORGET_AFTER_S = 86400.0  # simulated seconds a finished, reported job stays answerable

@@ -16,7 +16,7 @@ from urllib.parse import quote, urljoin
 
 import httpx
 
-from .base import FileStatus, LocateError, Location, Stager, StagerUnavailable
+from carousel.stagers.base import FileStatus, LocateError, Location, Stager, StagerUnavailable
 
 log = logging.getLogger("carousel.stagers.tape_rest")
 

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from carousel.loop import run_cycle
+from carousel.loop.cycle import run_cycle
 
 
 class Command(BaseCommand):

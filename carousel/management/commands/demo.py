@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from carousel.demo import demo_accounts, demo_requests
-from carousel.deploy import is_embedded_database
+from carousel.ops.demo import demo_accounts, demo_requests
+from carousel.infra.deploy import is_embedded_database
 
 
 class Command(BaseCommand):

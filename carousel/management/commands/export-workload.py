@@ -3,7 +3,7 @@ from datetime import datetime, timezone
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_date, parse_datetime
 
-from carousel.export import ExportError, export_workload, write_workload
+from carousel.ops.export import ExportError, export_workload, write_workload
 
 
 def _moment(text):

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from carousel.accounts import AccountError, ensure_group
+from carousel.domain.accounts import AccountError, ensure_group
 
 
 class Command(BaseCommand):

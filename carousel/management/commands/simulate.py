@@ -22,7 +22,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from carousel import plugins
+from carousel.infra import plugins
 from carousel.sim import plots, replay
 from carousel.sim.library import Mismatch
 from carousel.sim.workload import WorkloadError, load

@@ -6,9 +6,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.utils import timezone
 
-from carousel.loop import run_cycle
+from carousel.loop.cycle import run_cycle
 from carousel.models import RestoreRequest, Transition
-from carousel.services import restore_submit
+from carousel.domain.services import restore_submit
 from carousel.stagers.immediate import ImmediateStager
 
 

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from carousel.accounts import AccountError, api_token
+from carousel.domain.accounts import AccountError, api_token
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from carousel.accounts import AccountError, api_token, ensure_user
+from carousel.domain.accounts import AccountError, api_token, ensure_user
 
 
 class Command(BaseCommand):

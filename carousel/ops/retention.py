@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from .models import FINISHED_JOB_STATES, TERMINAL_STATES, Bulk, BulkItem, Job, RestoreRequest, Transition
+from carousel.models import FINISHED_JOB_STATES, TERMINAL_STATES, Bulk, BulkItem, Job, RestoreRequest, Transition
 
 log = logging.getLogger("carousel.retention")
 

@@ -1,6 +1,6 @@
 """The mount plan: which drive reads which tape's work, in what order, and where a tape's work
 is cut into pieces read one after another on different drives. Pure: plain data in and out;
-the loop (carousel/mounts.py, carousel/claiming.py) turns pieces into jobs chained one after another per drive.
+the loop (carousel/loop/mounts.py, carousel/loop/claiming.py) turns pieces into jobs chained one after another per drive.
 
 One chain per drive: the work it will do, one piece (one mount) after another. A chain's
 next piece is sent to the stager when its previous one is done, so the stager holds about a

@@ -2,15 +2,15 @@
 API's `pin_lifetime`, the Tape REST door's diskLifetime). The pin runs from the moment the file
 is done (RestoreRequest.pin_until); when it runs out (the loop's end_expired_pins) or its user
 releases it (release_pins), the broker asks the stager to release() the copy, through a
-recorded stager call (carousel/withdrawals.py), unless another request still wants the file:
+recorded stager call (carousel/loop/withdrawals.py), unless another request still wants the file:
 one active, or done with a pin still running. A request without a pin_lifetime holds no pin:
 the stager keeps or drops the copy by its own rules."""
 
 from django.db import transaction
 from django.db.models import Q
 
-from .models import ACTIVE_STATES, RequestState as S, RestoreRequest, StagerCall
-from .services import stager_call_record
+from carousel.models import ACTIVE_STATES, RequestState as S, RestoreRequest, StagerCall
+from carousel.domain.services import stager_call_record
 
 PINS_ENDED_PER_CYCLE = 10_000
 

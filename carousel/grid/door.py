@@ -13,12 +13,14 @@ from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
-from . import db, selectors, services
-from .exceptions import CarouselError, InvalidSubmission, NotAllowed
-from .models import (
+from carousel.infra import db
+from carousel.domain import selectors
+from carousel.domain import services
+from carousel.domain.exceptions import CarouselError, InvalidSubmission, NotAllowed
+from carousel.models import (
     ACTIVE_STATES, Bulk, ErrorClass, FileLocation, Intake, RequestState, RestoreRequest, path_key,
 )
-from .paths import check_path
+from carousel.domain.paths import check_path
 
 S = RequestState
 
@@ -247,7 +249,7 @@ def stage_delete(*, bulk, now):
 def stage_release(*, user, bulk, paths, now):
     """POST release/{id}: the pins of these paths end (release/gfal2-placeholder-id: bulk None,
     by path for the caller)."""
-    from . import pins  # carousel/pins.py: the real pins (helper c)
+    from carousel.domain import pins  # carousel/domain/pins.py: the real pins (helper c)
 
     if bulk is None:
         return pins.release_pins(user=user, paths=[p for _, p in normalised(paths)], now=now)
@@ -273,7 +275,7 @@ def archive_info(*, paths, now, stager=None):
             answers.append({"path": path})
             keys[path_key(path)] = path
     located = set(FileLocation.objects.filter(db.in_keys("path_key", keys)).values_list("path_key", flat=True))
-    # Pinned: done, and its pin (carousel/pins.py) neither ran out nor was released.
+    # Pinned: done, and its pin (carousel/domain/pins.py) neither ran out nor was released.
     pinned = set(RestoreRequest.objects.filter(db.in_keys("path_key", keys), state=S.DONE, pin_until__gt=now)
                  .values_list("path_key", flat=True))
     missing = dict(RestoreRequest.objects.filter(db.in_keys("path_key", set(keys) - located), state=S.FAILED,
@@ -295,9 +297,9 @@ def archive_info(*, paths, now, stager=None):
 
 
 def _ask_stager(paths, *, now, stager):
-    from .locating import _record_locations as record_locations  # the loop's own way to keep a location
-    from .plugins import stager as configured
-    from .stagers.base import StagerUnavailable
+    from carousel.loop.locating import _record_locations as record_locations  # the loop's own way to keep a location
+    from carousel.infra.plugins import stager as configured
+    from carousel.stagers.base import StagerUnavailable
 
     try:
         results = (stager or configured()).locate(paths)

@@ -1,6 +1,6 @@
 """Who may restore what, and deliver where.
 
-Path authorisation is a plugin, resolved like the stagers (carousel/plugins.py): the setting
+Path authorisation is a plugin, resolved like the stagers (carousel/infra/plugins.py): the setting
 CAROUSEL_PATH_AUTHORIZATION names an entry of CAROUSEL_PATH_AUTHORIZATIONS (or is a dotted
 path itself). `services.restore_submit` asks it, so every front door (the API, the web form,
 the Tape REST door) gets the same answer. Shipped:
@@ -17,9 +17,9 @@ purpose "destination"). With no root configured, no destination is accepted."""
 from django.conf import settings
 from django.db.models import Q
 
-from . import plugins
-from .models import PathPrefix
-from .paths import under_any
+from carousel.infra import plugins
+from carousel.models import PathPrefix
+from carousel.domain.paths import under_any
 
 RESTORE = "restore"
 RELEASE = "release"

@@ -46,7 +46,7 @@ def delivery():
 
 @functools.cache
 def path_authorization():
-    """The configured path authorisation (carousel/authz.py): a name in the registry, or a
+    """The configured path authorisation (carousel/domain/authz.py): a name in the registry, or a
     dotted path."""
     from django.conf import settings
 

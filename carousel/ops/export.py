@@ -11,8 +11,8 @@ import gzip
 import json
 from collections import Counter
 
-from .models import Account, GroupShare, RestoreRequest, Tape
-from .tape import MEDIA
+from carousel.models import Account, GroupShare, RestoreRequest, Tape
+from carousel.tape import MEDIA
 
 FORMAT = "carousel-workload/1"
 
@@ -23,7 +23,7 @@ class ExportError(ValueError):
 
 def drives_from_stager():
     """{technology: count} from the configured stager's status(), or {} when it lists none."""
-    from . import plugins
+    from carousel.infra import plugins
 
     try:
         status = plugins.stager().status() or {}

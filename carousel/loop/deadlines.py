@@ -9,8 +9,8 @@ none of them is judged stalled. The open jobs number at most K: they are read in
 import logging
 from datetime import timedelta
 
-from .models import Job, JobState
-from .services import job_give_up
+from carousel.models import Job, JobState
+from carousel.domain.services import job_give_up
 
 log = logging.getLogger("carousel.loop")
 

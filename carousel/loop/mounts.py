@@ -13,18 +13,18 @@ from django.db.models.functions import Greatest
 from policies.order import read_order
 from policies.sorting import TapeInfo
 
-from . import plan
-from .failures import Failure, fail_requests
-from .locating import any_unlocated
-from .models import (
+from carousel.loop import plan
+from carousel.loop.failures import Failure, fail_requests
+from carousel.loop.locating import any_unlocated
+from carousel.models import (
     FINISHED_JOB_STATES, IN_FLIGHT_STATES, READY, Control, ErrorClass, Job, JobState, RequestState as S,
     RestoreRequest, StagerHealth, Tape,
 )
-from .progress import files_in_flight, job_spec
-from .selectors import drive_allocation, drives_in_use
-from .services import request_transition
-from .stagers.base import StagerUnavailable
-from .tape import MEDIA, mount_profile
+from carousel.loop.progress import files_in_flight, job_spec
+from carousel.domain.selectors import drive_allocation, drives_in_use
+from carousel.domain.services import request_transition
+from carousel.stagers.base import StagerUnavailable
+from carousel.tape import MEDIA, mount_profile
 
 log = logging.getLogger("carousel.loop")
 
@@ -57,7 +57,7 @@ MOUNTS_AHEAD = 2
 
 @dataclass
 class MountPlanner:
-    """Lays a cycle's new work out on the drives' chains (carousel/plan.py) from what is
+    """Lays a cycle's new work out on the drives' chains (carousel/loop/plan.py) from what is
     already planned or in flight. `drives`: media -> drives to plan for."""
 
     drives: dict

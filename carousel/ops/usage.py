@@ -16,7 +16,7 @@ from datetime import timedelta, timezone as dt_timezone
 from django.contrib.auth.models import Group, User
 from django.db.models import Max, Sum
 
-from .models import WAIT_BUCKETS_S, UsageDay, UsageWait
+from carousel.models import WAIT_BUCKETS_S, UsageDay, UsageWait
 
 BY = ("user", "group")
 FAILURE_CLASSES = ("transient", "permanent", "user", "delivery", "other")

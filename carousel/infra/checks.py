@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.core.checks import Error, register
 
-from .plugins import PluginError, resolve
+from carousel.infra.plugins import PluginError, resolve
 
 
 @register()

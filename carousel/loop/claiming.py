@@ -9,13 +9,13 @@ from policies.order import read_order
 from policies.selection import EXCHANGE_S, select
 from policies.sorting import in_read_order
 
-from .db import insert_rows, update_joined
-from .locating import any_unlocated
-from .models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
-from .mounts import Planned
-from .services import request_transition
-from .stagers.base import JobSpec
-from .tape import MEDIA, mount_profile
+from carousel.infra.db import insert_rows, update_joined
+from carousel.loop.locating import any_unlocated
+from carousel.models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
+from carousel.loop.mounts import Planned
+from carousel.domain.services import request_transition
+from carousel.stagers.base import JobSpec
+from carousel.tape import MEDIA, mount_profile
 
 
 def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, drives=None):
@@ -25,7 +25,7 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     same request. Slots: N files times the jobs allowed in flight (the adaptive limit, K by
     default), less the files planned or in flight, at most `choose_per_cycle`; and no more
     bytes than `byte_budget`, when given. With `drives` (a MountPlanner), the jobs are laid
-    out on the drives' chains (carousel/plan.py), and while the backlog is larger than the
+    out on the drives' chains (carousel/loop/plan.py), and while the backlog is larger than the
     window only the long mounts the chains lack are chosen (mounts.MOUNTS_AHEAD)."""
     jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()

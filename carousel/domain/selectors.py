@@ -5,8 +5,8 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.db.models import Count, Max, Min, Q, Sum
 
-from .intake import settle_if_pending
-from .models import (
+from carousel.domain.intake import settle_if_pending
+from carousel.models import (
     ACTIVE_STATES, IN_FLIGHT_STATES, READY, Account, Bulk, Control, GroupShare, HealthState, Job, JobState, RequestState,
     RestoreRequest, StagerHealth, TapeBacklog, Transition, UserBacklog, UserStateCount,
 )
@@ -131,7 +131,7 @@ def oldest_active(user):
 def in_bulk(bulk):
     """The requests of a submission: those it created (RestoreRequest.bulk, indexed) and those
     it asked for again (BulkItem). A subquery, not a join: no request appears twice."""
-    from .models import BulkItem
+    from carousel.models import BulkItem
 
     bulk_id = getattr(bulk, "pk", bulk)
     return Q(bulk_id=bulk_id) | Q(id__in=BulkItem.objects.filter(bulk_id=bulk_id).values("request_id"))
@@ -139,14 +139,14 @@ def in_bulk(bulk):
 
 def bulk_requests(bulk):
     """A submission's requests, every file of it: files still waiting in the intake are queued
-    first (carousel/intake.py; no query when none waits)."""
+    first (carousel/domain/intake.py; no query when none waits)."""
     settle_if_pending(bulk)
     return RestoreRequest.objects.filter(in_bulk(bulk))
 
 
 def stager_health():
     """The stager as the loop judged it at its last cycle, with the queues that depend on it."""
-    from .models import Control, Job, JobState, StagerHealth, Tape
+    from carousel.models import Control, Job, JobState, StagerHealth, Tape
 
     row = StagerHealth.get()
     control = Control.get()
@@ -348,7 +348,7 @@ class QueueContext:
 def queue_context(*, user, now):
     from django.contrib.auth.models import Group
 
-    from .health import projected_disk_use
+    from carousel.loop.health import projected_disk_use
 
     control, health = Control.get(), StagerHealth.get()
     slots = control.files_per_job * jobs_limit(control, health.jobs_limit)
@@ -586,7 +586,7 @@ def hourly_series(*, now, hours=LIVE_HOURS):
     (distinct tapes of the jobs sent that hour: consecutive jobs on one tape count once)."""
     from django.db.models.functions import TruncHour
 
-    from .models import HourlyStats, Job
+    from carousel.models import HourlyStats, Job
 
     start = (now - timedelta(hours=hours - 1)).replace(minute=0, second=0, microsecond=0)
     stats = {s.hour: s for s in HourlyStats.objects.filter(hour__gte=start)}
@@ -605,7 +605,7 @@ def stager_report():
     """What the stager itself reported (drives, queues, disk) at the loop's last cycle that
     reached it, {} when nothing; never a call to the stager (a web request must not wait on it).
     While the loop judges it down, "error" says why."""
-    from .models import StagerHealth
+    from carousel.models import StagerHealth
 
     row = StagerHealth.get()
     status = dict(row.status or {})
@@ -638,7 +638,7 @@ class LiveFigures:
 def live_figures(*, now):
     from django.contrib.auth.models import Group
 
-    from .models import Job, JobState
+    from carousel.models import Job, JobState
 
     control = Control.get()
     health = stager_health()

@@ -5,7 +5,7 @@ from django.contrib.auth.models import Group, User
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
-from .models import Account, GroupShare
+from carousel.models import Account, GroupShare
 
 
 class AccountError(ValueError):

@@ -2,8 +2,8 @@
 from django.contrib.auth.models import Group, User
 from rest_framework.authtoken.models import Token
 
-from .models import Account, GroupShare
-from .services import restore_submit
+from carousel.models import Account, GroupShare
+from carousel.domain.services import restore_submit
 
 DEMO_GROUPS = {"production": 3.0, "analysis": 1.0}
 # username -> (group, staff)

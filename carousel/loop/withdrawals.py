@@ -1,6 +1,6 @@
 """Taking files back from the stager and releasing staged copies, through the stager calls
 recorded with the change that needs them (models.StagerCall): a user's cancel, the loop's
-expiry of requests whose deadline passed, a job given up, a pin's end (carousel/pins.py).
+expiry of requests whose deadline passed, a job given up, a pin's end (carousel/domain/pins.py).
 
 The loop sends them each cycle, after its own work and never while the stager is down: at
 most CALLS_PER_CYCLE, and it waits at most CALLS_BUDGET_S for them, so a slow stager cannot
@@ -12,10 +12,10 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from . import health as h
-from .models import ACTIVE_STATES, RequestState as S, RestoreRequest, StagerCall, StagerHealth
-from .services import request_cancel
-from .stagers.base import StagerUnavailable
+from carousel.loop import health as h
+from carousel.models import ACTIVE_STATES, RequestState as S, RestoreRequest, StagerCall, StagerHealth
+from carousel.domain.services import request_cancel
+from carousel.stagers.base import StagerUnavailable
 
 log = logging.getLogger("carousel.loop")
 

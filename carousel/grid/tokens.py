@@ -25,7 +25,7 @@ from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from .models import Account, WlcgGroupMap, WlcgIdentity
+from carousel.models import Account, WlcgGroupMap, WlcgIdentity
 
 log = logging.getLogger("carousel.wlcg")
 ALGORITHMS = ("RS256", "ES256")

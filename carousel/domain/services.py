@@ -7,13 +7,15 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Value
 
-from . import db, intake, selectors
-from .exceptions import InvalidSubmission, NotAllowed, QueueCeilingReached
-from .models import (
+from carousel.infra import db
+from carousel.domain import intake
+from carousel.domain import selectors
+from carousel.domain.exceptions import InvalidSubmission, NotAllowed, QueueCeilingReached
+from carousel.models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
     ErrorClass, Job, JobState, RequestState, RestoreRequest, StagerCall, path_key,
 )
-from .paths import PathError, check_destination, check_path, validate_paths
+from carousel.domain.paths import PathError, check_destination, check_path, validate_paths
 
 S = RequestState
 MAX_LISTED_ERRORS = 1000
@@ -40,7 +42,7 @@ def request_transition(queryset, to, *, now, joined=None, **fields):
         stamps.update(finished_at=None, retry_at=None, job=None, submitted_at=None, started_at=None,
                       staged_path="", delivery_fs="", delivery_started_at=None)
     if to == S.DONE:
-        # A pin runs from the moment the copy is there (carousel/pins.py); none without a lifetime.
+        # A pin runs from the moment the copy is there (carousel/domain/pins.py); none without a lifetime.
         stamps.update(error_class=ErrorClass.NONE, last_error="",
                       pin_until=ExpressionWrapper(Value(now) + F("pin_lifetime"), output_field=DateTimeField()))
     queryset = queryset.filter(state__in=ALLOWED_FROM[to])
@@ -137,7 +139,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
 
 
 def _allowed_destination(user, destination):
-    from .authz import destination_refused
+    from carousel.domain.authz import destination_refused
 
     destination, message = check_destination(destination, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
     if message:
@@ -151,7 +153,7 @@ def _allowed_destination(user, destination):
 def _check_authorised(user, paths, clean):
     """The path authorisation plugin's word on the whole submission; refused paths are listed
     with their lines as the user gave them."""
-    from .authz import paths_refused
+    from carousel.domain.authz import paths_refused
 
     refused = paths_refused(user=user, paths=clean, action="restore")
     if refused:
@@ -192,7 +194,7 @@ def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCEL
 
 def stager_call_record(*, kind, pairs, now):
     """Record the stager calls for (job id, path) pairs, one per job: sent by the loop until the
-    stager confirms (carousel/withdrawals.py). Call it inside the transaction that makes the
+    stager confirms (carousel/loop/withdrawals.py). Call it inside the transaction that makes the
     change, so the change and its call are stored together or not at all. A job the stager never
     acknowledged has nothing there to withdraw or release: skipped."""
     by_job = {}
@@ -251,7 +253,7 @@ def bulk_notify_complete(*, now):
     could not be sent is unclaimed and tried again at the next call. Returns the mails sent."""
     from django.core.mail import send_mail
 
-    from . import selectors
+    from carousel.domain import selectors
 
     active = RestoreRequest.objects.filter(bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
     active_again = BulkItem.objects.filter(bulk=OuterRef("pk"), request__state__in=ACTIVE_STATES)

@@ -18,7 +18,7 @@ from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from .models import (ACTIVE_STATES, Control, CounterTotal, CycleBucket, ErrorClass, HealthState, Job, JobState,
+from carousel.models import (ACTIVE_STATES, Control, CounterTotal, CycleBucket, ErrorClass, HealthState, Job, JobState,
                      StagerHealth, StateCount, Tape)
 
 CYCLE_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, math.inf)

@@ -5,14 +5,15 @@ import logging
 from django.db import transaction
 from django.db.models import Case, F, Max, TextField, Value, When
 
-from . import health as h, plugins
-from .failures import count_tape_failures, fail_requests, says_about_tape
-from .models import (
+from carousel.loop import health as h
+from carousel.infra import plugins
+from carousel.loop.failures import count_tape_failures, fail_requests, says_about_tape
+from carousel.models import (
     ACTIVE_STATES, FINISHED_JOB_STATES, IN_FLIGHT_STATES, ErrorClass, Job, JobState, RequestState as S,
     RestoreRequest, StagerHealth, Tape,
 )
-from .services import request_transition
-from .stagers.base import JobSpec, StagerUnavailable
+from carousel.domain.services import request_transition
+from carousel.stagers.base import JobSpec, StagerUnavailable
 
 log = logging.getLogger("carousel.loop")
 

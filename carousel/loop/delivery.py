@@ -12,11 +12,11 @@ from pathlib import Path
 from django.db import transaction
 from django.db.models import Count, F
 
-from . import plugins
-from .celery import app as celery_app
-from .failures import Failure, FailureCount, fail_requests
-from .models import Control, ErrorClass, RequestState as S, RestoreRequest
-from .services import request_transition
+from carousel.infra import plugins
+from carousel.celery import app as celery_app
+from carousel.loop.failures import Failure, FailureCount, fail_requests
+from carousel.models import Control, ErrorClass, RequestState as S, RestoreRequest
+from carousel.domain.services import request_transition
 
 
 class DeliveryError(Exception):

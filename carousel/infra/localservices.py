@@ -1,7 +1,7 @@
 """Private PostgreSQL and Redis servers on loopback, in a temporary directory, for the tests
 and the benchmarks:
 
-    python -m carousel.localservices -- pytest
+    python -m carousel.infra.localservices -- pytest
 
 starts both, runs the command with DATABASE_URL and REDIS_URL set, and stops them (also when
 the command fails). The Debian packages are installed by `make services` when missing."""

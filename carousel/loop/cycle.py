@@ -16,20 +16,24 @@ from django.db.models import F, Sum
 
 from policies.selection import share_policy, sort_policy
 
-from . import db, health as h, intake, metrics, plugins
-from .claiming import claim_jobs
-from .deadlines import end_overdue_jobs
-from .delivery import dispatch_deliveries
-from .failures import requeue_due_retries
-from .locating import locate_new_work
-from .models import IN_FLIGHT_STATES, Control, RestoreRequest, StagerHealth
-from .mounts import MountPlanner, preempt, send_jobs
-from .pins import end_expired_pins
-from .plugins import PluginError
-from .progress import collect_progress, log_unexpected, requeue_orphans
-from .services import bulk_notify_complete
-from .stagers.base import StagerUnavailable
-from .withdrawals import expire_requests, send_stager_calls
+from carousel.infra import db
+from carousel.loop import health as h
+from carousel.domain import intake
+from carousel.ops import metrics
+from carousel.infra import plugins
+from carousel.loop.claiming import claim_jobs
+from carousel.loop.deadlines import end_overdue_jobs
+from carousel.loop.delivery import dispatch_deliveries
+from carousel.loop.failures import requeue_due_retries
+from carousel.loop.locating import locate_new_work
+from carousel.models import IN_FLIGHT_STATES, Control, RestoreRequest, StagerHealth
+from carousel.loop.mounts import MountPlanner, preempt, send_jobs
+from carousel.domain.pins import end_expired_pins
+from carousel.infra.plugins import PluginError
+from carousel.loop.progress import collect_progress, log_unexpected, requeue_orphans
+from carousel.domain.services import bulk_notify_complete
+from carousel.stagers.base import StagerUnavailable
+from carousel.loop.withdrawals import expire_requests, send_stager_calls
 
 log = logging.getLogger("carousel.loop")
 
@@ -143,7 +147,7 @@ def _work(*, now, stager, control, state, report):
 
 
 def judge_stager(*, now, seen, control):
-    """Record what this cycle saw of the stager and return the judgement (carousel/health.py)."""
+    """Record what this cycle saw of the stager and return the judgement (carousel/loop/health.py)."""
     row = StagerHealth.get()
     before = h.Health(state=row.state, limit=row.jobs_limit or 0, healthy_limit=row.healthy_limit or 0,
                       reason=row.reason)

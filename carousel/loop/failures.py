@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from django.db.models import F, Q
 
-from .models import IN_FLIGHT_STATES, ErrorClass, RequestState as S, RestoreRequest, Tape
-from .services import request_transition
+from carousel.models import IN_FLIGHT_STATES, ErrorClass, RequestState as S, RestoreRequest, Tape
+from carousel.domain.services import request_transition
 
 log = logging.getLogger("carousel.loop")
 

@@ -9,8 +9,8 @@ from datetime import timedelta
 from django.conf import settings
 from django.db.models import Exists, OuterRef, Q, Subquery
 
-from .models import Control, ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, path_key
-from .services import request_transition
+from carousel.models import Control, ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, path_key
+from carousel.domain.services import request_transition
 
 UNLOCATED = Q(state=S.QUEUED, tape__isnull=True)
 

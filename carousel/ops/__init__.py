@@ -1,0 +1,1 @@
+"""Operations: metrics, the usage report, retention, workload export, structured logs, demo accounts."""
