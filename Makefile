@@ -63,6 +63,8 @@ services:
 	fi
 
 test: venv client services
+	@# The layers and the absence of cycles (.importlinter); tests/test_architecture.py checks them too.
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m carousel.infra.localservices -- $(MAKE) --no-print-directory test-python
 	$(MAKE) --no-print-directory smoke-sqlite compose-check
 

@@ -1,5 +1,6 @@
 """Every API error is data: {"status", "code", "detail", ...} with a message a person can act on.
 Validation errors add "fields" ({field: [messages]}), so a program can tell where."""
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, serializers, status
@@ -13,6 +14,11 @@ class PayloadTooLarge(exceptions.APIException):
     status_code = 413
     default_code = "too_large"
     default_detail = "the request body is too large"
+
+
+def body_limit_message(limit):
+    return (f"the request body is larger than {limit:,} bytes, the limit of one request; "
+            "split the paths into several submissions")
 
 
 def _flatten(detail, prefix=""):
@@ -35,10 +41,6 @@ def _as_api_exception(exc, context):
     if isinstance(exc, PermissionDenied):
         return exceptions.PermissionDenied()
     if isinstance(exc, RequestDataTooBig):
-        from django.conf import settings
-
-        from .parsers import body_limit_message
-
         return PayloadTooLarge(body_limit_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
     return exc
 

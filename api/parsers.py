@@ -9,15 +9,10 @@ from rest_framework import parsers
 from rest_framework.exceptions import ParseError
 from rest_framework.utils.json import strict_constant
 
-from .errors import PayloadTooLarge
+from .errors import PayloadTooLarge, body_limit_message
 
 # Our bodies are an object holding lists of strings; anything deeper is not ours.
 MAX_DEPTH = 32
-
-
-def body_limit_message(limit):
-    return (f"the request body is larger than {limit:,} bytes, the limit of one request; "
-            "split the paths into several submissions")
 
 
 def _content_length(parser_context):

@@ -14,6 +14,7 @@ from carousel.grid import door as grid
 from carousel.domain import pins
 from carousel.domain import selectors
 from carousel.domain import services
+from carousel.outlook import estimates
 from carousel.tasks import withdraw_on_commit
 
 from . import serializers as s
@@ -97,8 +98,8 @@ class RequestDetail(generics.RetrieveAPIView):
     def retrieve(self, request, *args, **kwargs):
         # One request also says where it stands and why not yet, as the web page does.
         req = self.get_object()
-        outlook = selectors.request_outlooks([req], user=req.user,
-                                             ctx=selectors.queue_context(user=req.user, now=timezone.now()))[req.id]
+        outlook = estimates.request_outlooks([req], user=req.user,
+                                             ctx=estimates.queue_context(user=req.user, now=timezone.now()))[req.id]
         body = self.get_serializer(req).data
         body["outlook"] = {"reasons": list(outlook.reasons), "eta_s": outlook.eta and list(outlook.eta),
                            "ahead": outlook.ahead}
@@ -169,7 +170,7 @@ class BulkDetail(APIView):
     def get(self, request, pk):
         bulk = get_object_or_404(selectors.visible_bulks(request.user).select_related("user"), pk=pk)
         body = s.BulkSerializer(bulk).data
-        body["states"] = selectors.state_counts(selectors.bulk_requests(bulk))
+        body["states"] = selectors.bulk_state_counts(bulk)
         body["requests_url"] = reverse("api:request-list", request=request) + f"?bulk={bulk.id}"
         return Response(body)
 
@@ -181,7 +182,7 @@ class BulkCancel(APIView):
         if request.user.id not in (bulk.user_id, bulk.submitter_id) and not selectors.may_change_all(request.user):
             raise exceptions.PermissionDenied("you may see this submission but not cancel it: cancelling another "
                                               "user's requests needs the change permission on restore requests")
-        return _cancel(selectors.bulk_requests(bulk))
+        return _cancel(services.bulk_requests_to_act_on(bulk))
 
 
 class Summary(APIView):

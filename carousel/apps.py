@@ -6,8 +6,8 @@ class CarouselConfig(AppConfig):
     verbose_name = "Carousel"
 
     def ready(self):
-        from carousel.infra import checks
-        from carousel.infra import plugins  # noqa: F401  (registers checks and the cache reset)
+        from carousel import tasks  # noqa: F401  (every process knows the tasks: infra.queue sends them by name)
+        from carousel.infra import checks, plugins  # noqa: F401  (registers checks and the cache reset)
         from carousel.ops import retention  # noqa: F401  (registers the beat's prune task with the worker)
         from django.contrib import admin
         from django.utils.functional import lazy

@@ -14,6 +14,8 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from carousel.domain import selectors
+from carousel.outlook import estimates
+from carousel.outlook.live import JOBS_SHOWN, live_figures
 from carousel.domain import services
 from carousel.domain.exceptions import CarouselError
 from carousel.models import ACTIVE_STATES, RestoreRequest, path_key
@@ -34,8 +36,8 @@ def requests_page(request):
     data = form.cleaned_data
     rows, next_after = selectors.request_page(user=request.user, state=form.states(), path=data.get("path"),
                                               bulk=data.get("bulk"), after=data.get("after"), size=PAGE_SIZE)
-    ctx = selectors.queue_context(user=request.user, now=timezone.now())
-    outlooks = selectors.request_outlooks(rows, user=request.user, ctx=ctx)
+    ctx = estimates.queue_context(user=request.user, now=timezone.now())
+    outlooks = estimates.request_outlooks(rows, user=request.user, ctx=ctx)
     query = request.GET.copy()
     query.pop("after", None)
     return render(request, "frontend/requests.html", {
@@ -128,14 +130,14 @@ def _for_viewer(figures, user):
 
 
 def _live_context(user):
-    figures, operator = _for_viewer(selectors.live_figures(now=timezone.now()), user)
+    figures, operator = _for_viewer(live_figures(now=timezone.now()), user)
     hours = [row["hour"].strftime("%H:00") for row in figures.series]
 
     def series(key):
         return [row[key] for row in figures.series]
 
     return {
-        "f": figures, "operator": operator, "poll_s": LIVE_POLL_S, "jobs_shown": selectors.JOBS_SHOWN,
+        "f": figures, "operator": operator, "poll_s": LIVE_POLL_S, "jobs_shown": JOBS_SHOWN,
         "charts": [charts.bar_chart("Files restored per hour", hours, series("files")),
                    charts.bar_chart("Bytes restored per hour", hours, series("bytes"), fmt=filesizeformat),
                    charts.bar_chart("Mounts per hour", hours, series("mounts")),

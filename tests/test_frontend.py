@@ -10,7 +10,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from carousel import tasks
 from carousel.domain import selectors
+from carousel.outlook import estimates, live
 from carousel.loop.locating import locate_requests
 from carousel.loop.cycle import run_cycle
 from carousel.models import (
@@ -106,9 +108,11 @@ def test_it_takes_an_uploaded_list_of_100000_paths(as_alice_web, alice):
     body = "".join(f"/campaign/run{i // 1000:03d}/file{i:06d}.daq\r\n" for i in range(100_000)).encode()
     r = as_alice_web.post("/restore/", {"file": SimpleUploadedFile("list.txt", body), "paths": ""})
     assert r.status_code == 302
-    # Answered from the intake; the page it leads to lists the submission, so it queues it first.
+    # Answered from the intake; the page it leads to reads it (moving nothing); the task sent at
+    # the commit queues it.
     assert RestoreRequest.objects.filter(user=alice).count() + Intake.objects.count() == 100_000
     assert "?bulk=" in r["Location"] and as_alice_web.get(r["Location"]).status_code == 200
+    tasks.settle_intake(str(Bulk.objects.get(user=alice).pk))
     assert RestoreRequest.objects.filter(user=alice).count() == 100_000 and not Intake.objects.exists()
 
 
@@ -207,8 +211,8 @@ def test_cancel_needs_a_post(as_alice_web):
 
 def outlooks(user, now):
     rows, _ = selectors.request_page(user=user)
-    ctx = selectors.queue_context(user=user, now=now)
-    by_id = selectors.request_outlooks(rows, user=user, ctx=ctx)
+    ctx = estimates.queue_context(user=user, now=now)
+    by_id = estimates.request_outlooks(rows, user=user, ctx=ctx)
     return {r.path: by_id[r.id] for r in rows}
 
 
@@ -263,7 +267,7 @@ def test_the_estimate_is_a_range_from_the_observed_rate(alice, bob, now):
     for i in range(10):
         located(alice, [f"/a/{i}"], now + timedelta(seconds=i))
     later = now + timedelta(seconds=20)
-    rate = selectors.restore_rate(now=later)
+    rate = estimates.restore_rate(now=later)
     assert rate.low < rate.mean < rate.high
     got = outlooks(alice, later)
     low, high = got["/a/9"].eta
@@ -386,8 +390,8 @@ def test_the_plots_count_restores_errors_and_mounts_per_hour(alice, now):
     located(alice, [f"/a/{i}" for i in range(3)], sent)
     run_cycle(now=sent)  # the requests go out, in one job per tape
     run_cycle(now=done)  # and are restored
-    series = {s["hour"]: s for s in selectors.hourly_series(now=now)}
-    assert len(series) == selectors.LIVE_HOURS
+    series = {s["hour"]: s for s in live.hourly_series(now=now)}
+    assert len(series) == live.LIVE_HOURS
 
     def hour(t):
         return t.replace(minute=0, second=0, microsecond=0)
@@ -521,9 +525,9 @@ def test_most_requests_finish_inside_their_estimate_on_a_replay(alice, bob, char
     cycles(1)  # located
     submitted_at, ranges = clock[0], {}
     for user in (alice, bob):
-        ctx = selectors.queue_context(user=user, now=submitted_at)
+        ctx = estimates.queue_context(user=user, now=submitted_at)
         rows, _ = selectors.request_page(user=user, size=200)
-        ranges.update({i: o.eta for i, o in selectors.request_outlooks(rows, user=user, ctx=ctx).items()})
+        ranges.update({i: o.eta for i, o in estimates.request_outlooks(rows, user=user, ctx=ctx).items()})
     cycles(45)
     finished = dict(RestoreRequest.objects.filter(id__in=ranges, state="done").values_list("id", "finished_at"))
     assert len(finished) == 240

@@ -404,7 +404,8 @@ def test_drive_allocation_applies_at_the_next_cycle_and_shows_on_the_live_page(p
     """An operator limits production to one drive: from the next cycle on, its mounts go to
     the stager one at a time (the other drives take analysis' work, or wait); raised to
     three, production reads on more drives at the next cycle. The live page shows both."""
-    from carousel.domain import selectors
+    from carousel.domain.selectors import drives_in_use
+    from carousel.outlook import live
     from carousel.models import GroupShare
 
     now = planned
@@ -418,7 +419,7 @@ def test_drive_allocation_applies_at_the_next_cycle_and_shows_on_the_live_page(p
     restore_submit(user=alice, paths=[p for t in range(2) for p, _, _ in tapes[f"A{t}"]], now=now)
 
     def reading(group):
-        return len(selectors.drives_in_use().get(group.id, ()))
+        return len(drives_in_use().get(group.id, ()))
 
     most = 0
     for _ in range(100):
@@ -426,7 +427,7 @@ def test_drive_allocation_applies_at_the_next_cycle_and_shows_on_the_live_page(p
         most = max(most, reading(production.group))
         clock[0] += 10
     assert most == 1
-    row = next(g for g in selectors.live_figures(now=now).groups if g["group"] == "production")
+    row = next(g for g in live.live_figures(now=now).groups if g["group"] == "production")
     assert (row["drives"], row["reserved_drives"], row["max_drives"]) == (1, 0, 1)
     production.max_drives = 3
     production.save()

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from carousel.infra import db
+from carousel.infra import db, queue
 from carousel.models import ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, BulkItem, Intake, RequestState, RestoreRequest
 
 log = logging.getLogger(__name__)
@@ -84,11 +84,9 @@ def write(bulk, pairs):
     """The POST's side: the new files as intake rows, moved once the transaction commits."""
     db.insert_rows(Intake, ("bulk_id", "n", "path", "path_key"),
                    ((bulk.id, n, p, k) for n, (p, k) in enumerate(pairs)), ids=False)
-    from carousel.tasks import settle_intake
-
     # robust: a broker that cannot take the task must not turn the stored submission's answer
     # into an error; the next cycle queues the files.
-    transaction.on_commit(lambda: settle_intake.delay(str(bulk.id)), robust=True)
+    queue.send_on_commit("carousel.tasks.settle_intake", str(bulk.id), robust=True)
 
 
 def settle(bulk_id, *, now=None, wait=True):

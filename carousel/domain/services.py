@@ -166,6 +166,14 @@ def _check_authorised(user, paths, clean):
                          errors=listed)
 
 
+def bulk_requests_to_act_on(bulk):
+    """A submission's requests, for a write that acts on all of them (a cancel, a release): its
+    files still waiting in the intake are queued first, so that none is left out. Reads use
+    selectors.bulk_requests, which never moves anything."""
+    intake.settle_if_pending(bulk)
+    return selectors.bulk_requests(bulk)
+
+
 def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCELLED):
     """Cancel (or, with to=EXPIRED, expire) the active requests of `queryset`. Returns (count,
     withdrawals): the (job, path) pairs taken back from the stager, which leaves out any file

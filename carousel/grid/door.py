@@ -157,7 +157,7 @@ def _forget_status(bulk_id):
 
 
 def stage_paths(bulk):
-    return list(selectors.bulk_requests(bulk).values_list("path", flat=True))
+    return selectors.bulk_paths(bulk)
 
 
 def stage_status(bulk):
@@ -219,7 +219,7 @@ def normalised(paths, what="paths"):
 def _members(bulk, paths):
     """The requests of `bulk` for these paths; any path not in it refuses the call."""
     wanted = {path_key(p): p for _, p in normalised(paths)}
-    found = dict(selectors.bulk_requests(bulk).filter(db.in_keys("path_key", wanted)).values_list("path_key", "id"))
+    found = dict(services.bulk_requests_to_act_on(bulk).filter(db.in_keys("path_key", wanted)).values_list("path_key", "id"))
     foreign = [p for k, p in wanted.items() if k not in found]
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
@@ -239,7 +239,7 @@ def stage_cancel(*, bulk, paths, now):
 @transaction.atomic
 def stage_delete(*, bulk, now):
     """DELETE stage/{id}: its unfinished files are cancelled and the request is forgotten."""
-    _, withdraw = services.request_cancel(queryset=selectors.bulk_requests(bulk), now=now,
+    _, withdraw = services.request_cancel(queryset=services.bulk_requests_to_act_on(bulk), now=now,
                                           reason="stage request deleted")
     Bulk.objects.filter(pk=bulk.pk).delete()
     _forget_status(bulk.pk)

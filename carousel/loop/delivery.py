@@ -9,11 +9,9 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from django.db import transaction
 from django.db.models import Count, F
 
-from carousel.infra import plugins
-from carousel.celery import app as celery_app
+from carousel.infra import plugins, queue
 from carousel.loop.failures import Failure, FailureCount, fail_requests
 from carousel.models import Control, ErrorClass, RequestState as S, RestoreRequest
 from carousel.domain.services import request_transition
@@ -137,10 +135,7 @@ def dispatch_deliveries(*, now, control):
         waiting.filter(id__in=ids, delivery_started_at__isnull=True).update(delivery_started_at=now)
         started.extend(ids)
     if started:
-        # The task by name from the app's registry: tasks.py imports this module, never the
-        # other way round.
-        task = celery_app.tasks["carousel.tasks.deliver"]
-        transaction.on_commit(lambda: task.delay(started))
+        queue.send_on_commit("carousel.tasks.deliver", started)
     return len(started)
 
 

@@ -1,0 +1,62 @@
+"""Each user's and group's part of the stager under the active sharing policy, for the pages."""
+from dataclasses import dataclass
+
+from carousel.models import Account, GroupShare, UserBacklog
+from policies.selection import share_policy
+from policies.sharing import GroupLimit, UserDemand
+
+# allocate() deals whole slots; scaled up, a user's share is not rounded away among many users.
+SHARE_SCALE = 1000
+
+
+def caps_and_weights(control, user_ids):
+    """({user: (group, in-flight cap)}, {group: (weight, in-flight cap)}) with the defaults
+    applied, as the selection step reads them."""
+    found = {u: (g, cap) for u, g, cap in
+             Account.objects.filter(user_id__in=user_ids).values_list("user_id", "group_id", "inflight_cap")}
+    users = {}
+    for u in user_ids:
+        group, cap = found.get(u, (None, None))
+        users[u] = (group, control.default_user_cap if cap is None else cap)
+    found = {g: (w, cap) for g, w, cap in GroupShare.objects.filter(
+        group_id__in={g for g, _ in users.values() if g is not None}).values_list("group_id", "weight", "inflight_cap")}
+    groups = {}
+    for group in {g for g, _ in users.values() if g is not None}:
+        weight, cap = found.get(group, (1.0, None))
+        groups[group] = (weight, control.default_group_cap if cap is None else cap)
+    return users, groups
+
+
+@dataclass(frozen=True)
+class Shares:
+    """How the active sharing policy splits the stager's slots between the users with work."""
+
+    users: dict  # user id -> fraction of what is handed out
+    groups: dict  # group id (None: ungrouped) -> fraction of what is handed out
+    group_slots: dict  # group id -> slots (files in flight) the group is given
+    group_of: dict  # user id -> group id
+
+
+def throughput_shares(*, control, eager=None):
+    """Each user's and group's part of the stager's slots under the active sharing policy,
+    for the users with located queued requests; the user `eager`, if given, counted as
+    wanting all it may take. The policy's own allocate() on the trigger-kept backlog
+    counters: no queue is read."""
+    backlog = dict(UserBacklog.objects.filter(files__gt=0).values_list("user_id", "files"))
+    if eager is not None:
+        backlog.setdefault(eager, 0)
+    users, groups = caps_and_weights(control, list(backlog))
+    demands = [UserDemand(user=u, group=users[u][0], room=users[u][1] * SHARE_SCALE,
+                          pending=(users[u][1] if u == eager else files) * SHARE_SCALE)
+               for u, files in backlog.items()]
+    limits = {g: GroupLimit(weight=w, room=cap * SHARE_SCALE) for g, (w, cap) in groups.items()}
+    slots = control.files_per_job * control.jobs_in_flight * SHARE_SCALE
+    grants = share_policy(control.share_policy).allocate(demands, limits, slots) if demands else {}
+    total = sum(grants.values())
+    group_grants = {}
+    for u, n in grants.items():
+        group_grants[users[u][0]] = group_grants.get(users[u][0], 0) + n
+    return Shares(users={u: n / total for u, n in grants.items() if n},
+                  groups={g: n / total for g, n in group_grants.items() if n},
+                  group_slots={g: n / SHARE_SCALE for g, n in group_grants.items()},
+                  group_of={u: g for u, (g, _) in users.items()})
