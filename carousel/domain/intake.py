@@ -11,8 +11,8 @@ direct path would have stored them (queue_new serves both):
 
 - at once after the commit, in a Celery task (tasks.settle_intake);
 - at the start of every cycle, for whatever is still waiting (the worker was down);
-- before anything acts on the submission or on the user's queue: the user's next submission
-  (its duplicates must be seen), a cancel, a release, the list of the submission's requests.
+- before a write acts on the submission or on the user's queue: the user's next submission
+  (its duplicates must be seen), a cancel, a release. Reads never settle (a GET writes nothing).
 
 Until then the Tape REST door shows the waiting files as SUBMITTED (grid.stage_status) and the
 submission's counts show them as queued."""
