@@ -91,6 +91,11 @@ def _steps(*, now, stager, control, report):
     # What the stager says: progress, and from it the judgement of its health.
     seen = collect_progress(now=now, stager=stager, control=control, report=report)
     state = judge_stager(now=now, seen=seen, control=control)
+    # Jobs past their deadline free their drives' chains before this cycle plans more, whatever
+    # the judgement: a job the stager lost is what makes it look stalled, and a stalled stager
+    # is sent nothing new, so a deadline that waited for health would never come. A job is given
+    # up only once polled after its mark, so not while the stager is down.
+    end_overdue_jobs(now=now, control=control, give_up=state.state != h.DOWN)
     if state.state == h.HEALTHY:
         state = _work(now=now, stager=stager, control=control, state=state, report=report)
     report.health, report.jobs_limit = state.state, state.limit
@@ -106,8 +111,6 @@ def _steps(*, now, stager, control, report):
 def _work(*, now, stager, control, state, report):
     """Locate, choose and send: only while the stager is healthy. A call that finds the
     stager unreachable ends the cycle's work and marks it down; the next cycle probes."""
-    # Jobs past their deadline free their drives' chains before this cycle plans more.
-    end_overdue_jobs(now=now, control=control)
     try:
         report.located = locate_new_work(now=now, stager=stager, control=control)
         status = stager.status() or {}

@@ -1,0 +1,64 @@
+"""A job the stager never finishes (a stage request lost in a restart) with the shipped
+defaults: it makes the stager look stalled, its deadline still comes, and the others' restores
+go on (issue 24)."""
+from datetime import timedelta
+
+from carousel.domain.services import restore_submit
+from carousel.loop.cycle import run_cycle
+from carousel.models import Control, Job, RestoreRequest
+from carousel.stagers.base import FileStatus
+from tests.test_loop import ScriptedStager
+
+MINUTE = timedelta(minutes=1)
+
+
+class LosesItsLostFiles(ScriptedStager):
+    """Reads everything but the files under /lost/, which it reports as staging for ever."""
+
+    def poll(self, jobs):
+        return {j.id: [FileStatus(p, "staging" if p.startswith("/lost/") else "done") for p in j.paths]
+                for j in jobs}
+
+
+def run_for(stager, start, minutes, every=5, at=None):
+    for minute in range(every, minutes + 1, every):
+        if at and minute in at:
+            at[minute](start + minute * MINUTE)
+        run_cycle(now=start + minute * MINUTE, stager=stager)
+
+
+def test_a_job_never_finished_is_given_up_with_the_shipped_defaults_and_the_others_go_on(alice, bob, now):
+    control = Control.get()
+    assert (control.stall_after_s, control.job_deadline_floor_s) == (1800.0, 6 * 3600.0)  # shipped
+    restore_submit(user=alice, paths=["/lost/a"], now=now)
+    stager = LosesItsLostFiles()
+    run_cycle(now=now, stager=stager)
+    lost = Job.objects.get()
+    assert lost.chain == ""  # sent without a plan, as every tape-rest job is
+
+    def bob_asks(at):
+        restore_submit(user=bob, paths=["/bob/x", "/bob/y"], now=at)
+
+    run_for(stager, now, 13 * 60, at={60: bob_asks})
+    assert Job.objects.get(id=lost.id).state == "failed"
+    assert "past its deadline" in RestoreRequest.objects.get(path="/lost/a").last_error
+    assert set(RestoreRequest.objects.filter(user=bob).values_list("state", flat=True)) == {"done"}
+
+
+def test_a_job_whose_files_keep_moving_is_not_given_up_however_long_it_waits(alice, now):
+    restore_submit(user=alice, paths=[f"/slow/f{i}" for i in range(3)], now=now)
+    moving = iter(range(1000))
+
+    class OneFileAnHour(ScriptedStager):
+        def poll(self, jobs):
+            step = next(moving)
+            return {j.id: [FileStatus(p, "done" if i < step // 60 else "staging") for i, p in enumerate(j.paths)]
+                    for j in jobs}
+
+    stager = OneFileAnHour()
+    run_cycle(now=now, stager=stager)
+    job = Job.objects.get()
+    Control.objects.filter(id=1).update(job_deadline_floor_s=2 * 3600.0)
+    run_for(stager, now, 3 * 60 + 30, every=1)
+    assert Job.objects.get(id=job.id).state == "done"
+    assert set(RestoreRequest.objects.values_list("state", flat=True)) == {"done"}
