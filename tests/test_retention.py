@@ -81,3 +81,23 @@ def test_beat_runs_the_prune_task():
     schedule = {entry["task"]: entry for entry in app.conf.beat_schedule.values()}
     assert "carousel.retention.prune_history" in schedule
     assert "carousel.retention.prune_history" in app.tasks
+
+
+def test_a_request_whose_pin_is_live_is_kept_until_the_pin_ends(alice, bob, now):
+    """Finished 20 days ago with a 60-day pin: pruned, its release would never be sent and bob's
+    release would free the copy alice still pins (issue 24)."""
+    old = now - timedelta(days=20)
+    restore_submit(user=alice, now=old, paths=["/pinned/a"], pin_lifetime=timedelta(days=60))
+    stager = ImmediateStager()
+    run_cycle(now=old, stager=stager)
+    run_cycle(now=old + timedelta(seconds=10), stager=stager)
+    pinned = RestoreRequest.objects.get(path="/pinned/a")
+    assert pinned.state == "done" and pinned.pin_until > now
+
+    assert prune(now=now, older_than=timedelta(days=14)).requests == 0
+    assert RestoreRequest.objects.filter(pk=pinned.pk).exists()
+    # Once the pin has ended (here run out, and ended by the loop) the request is history.
+    later = old + timedelta(days=61)
+    run_cycle(now=later, stager=stager)
+    assert RestoreRequest.objects.get(pk=pinned.pk).pin_until is None
+    assert prune(now=later, older_than=timedelta(days=14)).requests == 1

@@ -2,7 +2,7 @@
 time, each batch its own short transaction, so no lock is held long. What goes: finished
 requests (with their transitions and memberships), transitions of any request, finished jobs and
 submissions with no request left, which includes the Tape REST door's stage requests (they are
-submissions). What stays: the rolled-up rows (UsageDay, UsageWait, CounterTotal, HourlyStats),
+submissions); never a request whose pin has not ended. What stays: the rolled-up rows (UsageDay, UsageWait, CounterTotal, HourlyStats),
 so usage reports and the metrics' counters do not change when their requests go."""
 import logging
 import time
@@ -52,8 +52,11 @@ def prune(*, now, older_than=None, batch=None, budget_s=None):
     deadline = time.monotonic() + (budget_s if budget_s is not None else settings.CAROUSEL_RETENTION_BUDGET_S)
     cutoff = now - older_than
     pruned = Pruned()
-    # Uses the partial index request_finished.
-    finished = RestoreRequest.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=cutoff).order_by("finished_at")
+    # Uses the partial index request_finished. A request whose pin has not ended (pin_until set:
+    # running, or run out and not yet ended by the loop) stays: its release is still to be sent,
+    # and other users' releases must still see that the copy is pinned.
+    finished = RestoreRequest.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=cutoff,
+                                             pin_until__isnull=True).order_by("finished_at")
     for counts in _batches(finished, batch=batch, deadline=deadline, pruned=pruned):
         pruned.requests += counts.get(RestoreRequest._meta.label, 0)
         pruned.transitions += counts.get(Transition._meta.label, 0)
