@@ -8,12 +8,19 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from carousel.domain.exceptions import CarouselError
+from carousel.infra import outages
 
 
 class PayloadTooLarge(exceptions.APIException):
     status_code = 413
     default_code = "too_large"
     default_detail = "the request body is too large"
+
+
+class ServiceUnavailable(exceptions.APIException):
+    status_code = 503
+    default_code = "unavailable"
+    default_detail = "a service Carousel needs is unreachable"
 
 
 def body_limit_message(limit):
@@ -40,6 +47,9 @@ def _as_api_exception(exc, context):
         return exceptions.NotFound(f"nothing{where}: no such address, or no such object visible to you")
     if isinstance(exc, PermissionDenied):
         return exceptions.PermissionDenied()
+    what = outages.outage(exc)
+    if what is not None:
+        return ServiceUnavailable(outages.detail(what))
     if isinstance(exc, RequestDataTooBig):
         return PayloadTooLarge(body_limit_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
     return exc
@@ -64,6 +74,8 @@ def exception_handler(exc, context):
         code = detail.code if hasattr(detail, "code") else "error"
         body = {"status": response.status_code, "code": code, "detail": str(detail)}
     response.data = body
+    if isinstance(exc, ServiceUnavailable):
+        response["Retry-After"] = str(outages.RETRY_AFTER_S)
     return response
 
 

@@ -62,6 +62,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so that it sees what escapes the views: an outage answers 503 with Retry-After.
+    "carousel.infra.outages.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "carousel.urls"

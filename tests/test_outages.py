@@ -1,0 +1,48 @@
+"""While PostgreSQL or Redis is unreachable, every door answers 503 with Retry-After (the API in
+its JSON error format), which the clients retry, never a 500 page (issue 24)."""
+import pytest
+from django.core.cache import caches
+from django.db import OperationalError
+
+from carousel.domain import selectors
+from carousel.infra.localservices import free_port
+from carousel.infra.outages import RETRY_AFTER_S
+
+from .conftest import client_for
+
+
+def database_gone(*args, **kwargs):
+    raise OperationalError('connection to server at "127.0.0.1", port 5432 failed: Connection refused')
+
+
+def test_the_api_answers_503_in_its_format_while_the_database_is_unreachable(alice, monkeypatch):
+    monkeypatch.setattr(selectors, "queue_summary", database_gone)
+    r = client_for(alice).get("/api/v1/summary/")
+    assert r.status_code == 503 and r["Retry-After"] == str(RETRY_AFTER_S)
+    body = r.json()
+    assert body["code"] == "unavailable" and "database is unreachable" in body["detail"]
+
+
+def test_a_page_answers_503_with_retry_after_while_the_database_is_unreachable(alice, client, monkeypatch):
+    client.force_login(alice)
+    monkeypatch.setattr(selectors, "request_page", database_gone)
+    r = client.get("/")
+    assert r.status_code == 503 and r["Retry-After"] == str(RETRY_AFTER_S)
+    assert "unavailable for a moment" in r.content.decode()
+
+
+@pytest.fixture
+def redis_down(settings):
+    # A real Redis client against a port nobody listens on.
+    settings.CACHES = {"default": {"BACKEND": settings.CACHES["default"]["BACKEND"],
+                                   "LOCATION": f"redis://127.0.0.1:{free_port()}/0", "KEY_PREFIX": "down"}}
+    caches["default"].close()
+    yield
+    caches["default"].close()
+
+
+def test_no_call_answers_500_while_redis_is_unreachable(alice, redis_down):
+    r = client_for(alice).get("/api/v1/summary/")
+    assert r.status_code in (200, 503), r.content
+    if r.status_code == 503:
+        assert r["Retry-After"] == str(RETRY_AFTER_S) and r.json()["code"] == "unavailable"
