@@ -11,14 +11,14 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 
 from carousel.infra import db
 from carousel.domain import selectors
 from carousel.domain import services
 from carousel.domain.exceptions import CarouselError, InvalidSubmission, NotAllowed
 from carousel.models import (
-    ACTIVE_STATES, Bulk, ErrorClass, FileLocation, Intake, RequestState, RestoreRequest, path_key,
+    ACTIVE_STATES, Bulk, BulkItem, ErrorClass, FileLocation, Intake, RequestState, RestoreRequest, path_key,
 )
 from carousel.domain.paths import check_path
 
@@ -96,11 +96,16 @@ def stage_requests_of(user):
 
 
 def unfinished_stage_requests(user, limit):
-    """How many of the user's submissions still have active files, counted up to `limit`."""
-    created = RestoreRequest.objects.filter(bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
-    asked_again = RestoreRequest.objects.filter(bulk_items__bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
-    return (Bulk.objects.filter(user=user).filter(Q(pending__gt=0) | Q(Exists(created)) | Q(Exists(asked_again)))
-            .values("pk")[:limit].count())
+    """How many of the user's submissions still have active files, counted up to `limit`.
+    Read from the user's active requests (the request_user_state_age index) and the submissions
+    still in the intake, never from the user's past submissions: its cost does not grow with
+    history (asking each past submission whether it had an active file took 17 s at 149)."""
+    active = RestoreRequest.objects.filter(user=user, state__in=ACTIVE_STATES)
+    created = active.filter(bulk__user=user).values_list("bulk_id", flat=True)
+    asked_again = BulkItem.objects.filter(request__in=active.values("id"), bulk__user=user).values_list(
+        "bulk_id", flat=True)
+    waiting = Bulk.objects.filter(user=user, pending__gt=0).values_list("pk", flat=True)
+    return len(created.union(asked_again, waiting)[:limit])
 
 
 @dataclass(frozen=True)
