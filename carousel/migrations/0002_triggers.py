@@ -22,7 +22,8 @@ them). SQLite: row-level triggers. The squash of the first chain's 0002, 0003, 0
 
 The SQLite triggers are invisible to Django's model state: a later migration that makes SQLite
 rebuild carousel_restorerequest or carousel_job (most AlterFields, an AddField with a default)
-drops them, and must create them again."""
+drops them, and must create them again. The system check carousel.E004 (carousel/infra/checks.py)
+lists the triggers the code relies on and fails when one is missing."""
 from django.db import migrations
 
 ACTIVE = "('queued', 'submitted', 'staging', 'retry', 'delivering')"
