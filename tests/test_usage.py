@@ -2,9 +2,11 @@
 roll it up), then the report, the API, the CSV and the page."""
 import csv
 import io
+import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models import Sum
 
 from carousel.ops import usage
@@ -136,8 +138,13 @@ def test_the_page_and_its_csv(history, client, alice, operator):
     assert client.get("/usage/", {"since": day, "until": "2000-01-01"}).status_code == 400
 
 
-def test_the_frozen_buckets_of_the_migration_agree():
-    from importlib import import_module
-
-    migration = import_module("carousel.migrations.0008_g_counter_triggers")
-    assert migration.WAIT_BUCKETS_S == WAIT_BUCKETS_S
+def test_the_usage_trigger_counts_waits_in_the_models_buckets(db):
+    """The trigger carries a frozen copy of WAIT_BUCKETS_S (its migration's): the one installed
+    agrees with the model."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_functiondef('carousel_usage_update'::regproc)")
+        (definition,) = cursor.fetchone()
+    bounds = re.findall(r"WHEN n\.wait <= (\d+) THEN (\d+)", definition)
+    assert [(int(bound), int(bucket)) for bound, bucket in bounds] == [
+        (bound, bucket) for bucket, bound in enumerate(WAIT_BUCKETS_S)]
+    assert f"ELSE {len(WAIT_BUCKETS_S)} END" in definition

@@ -1,5 +1,7 @@
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Tags, register
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
 
 from carousel.infra.plugins import PluginError, resolve
 
@@ -21,4 +23,73 @@ def plugins_resolve(app_configs, **kwargs):
     if settings.CAROUSEL_DELIVERY not in settings.CAROUSEL_DELIVERIES:
         errors.append(Error(f"CAROUSEL_DELIVERY={settings.CAROUSEL_DELIVERY!r} is not in CAROUSEL_DELIVERIES",
                             id="carousel.E003"))
+    return errors
+
+
+# The rows the database keeps by trigger (carousel/migrations/0002_triggers.py) and, for each,
+# the triggers that keep them, on PostgreSQL and on SQLite. The code reads these rows as the
+# truth (the summary, the scheduler's backlog, the live page, usage, /metrics): without one of
+# its triggers, a kind of row silently stops following the requests.
+TRIGGERS = {
+    "the request history (Transition)": {
+        "postgresql": ["carousel_request_transitions"],
+        "sqlite": ["carousel_request_transitions"],
+    },
+    "the hourly stats (HourlyStats)": {
+        "postgresql": ["carousel_hourly_stats"],
+        "sqlite": ["carousel_hourly_stats"],
+    },
+    "the scheduler's backlog (UserBacklog, TapeBacklog)": {
+        "postgresql": ["carousel_backlog_insert", "carousel_backlog_update", "carousel_backlog_delete"],
+        "sqlite": ["carousel_backlog_insert_new", "carousel_backlog_update_old", "carousel_backlog_update_new",
+                   "carousel_backlog_delete_old"],
+    },
+    "the per-user state counts (UserStateCount)": {
+        "postgresql": ["carousel_state_counts_insert", "carousel_state_counts_update",
+                       "carousel_state_counts_delete"],
+        "sqlite": ["carousel_state_counts_insert_new", "carousel_state_counts_update_old",
+                   "carousel_state_counts_update_new", "carousel_state_counts_delete_old"],
+    },
+    "usage, active counts and totals (UsageDay, UsageWait, StateCount, CounterTotal)": {
+        "postgresql": ["carousel_usage_insert", "carousel_usage_update", "carousel_usage_delete",
+                       "carousel_usage_job"],
+        "sqlite": ["carousel_usage_insert", "carousel_usage_insert_active", "carousel_usage_update_old",
+                   "carousel_usage_update_new", "carousel_usage_update_state", "carousel_usage_update_size",
+                   "carousel_usage_delete", "carousel_usage_job_sent", "carousel_usage_job_finished"],
+    },
+}
+
+
+def installed_triggers(connection):
+    """The names of the enabled triggers in the connection's database."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgenabled <> 'D'")
+        else:
+            cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        return {name for (name,) in cursor.fetchall()}
+
+
+@register(Tags.database)
+def triggers_exist(app_configs, databases=None, **kwargs):
+    """Every trigger the code relies on exists, once the migrations are applied (before, as when
+    `migrate` runs its checks, they are not there yet and migrate will create them)."""
+    errors = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor not in ("postgresql", "sqlite"):
+            continue
+        executor = MigrationExecutor(connection)
+        if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+            continue
+        installed = installed_triggers(connection)
+        for kept, names in TRIGGERS.items():
+            missing = [name for name in names[connection.vendor] if name not in installed]
+            if missing:
+                errors.append(Error(
+                    f"database {alias!r}: trigger {', '.join(missing)} missing or disabled, so {kept} "
+                    "no longer follows the requests",
+                    hint="Create it again as carousel/migrations/0002_triggers.py does (a migration that "
+                         "rebuilt the table on SQLite drops its triggers).",
+                    id="carousel.E004"))
     return errors
