@@ -1,4 +1,4 @@
-"""What the rolled-up counters' triggers (migrations 0008_g_counter_triggers and 0009_g_update_trigger) cost the hot paths:
+"""What the rolled-up counters' triggers (carousel/migrations/0002_triggers.py) cost the hot paths:
 a 100,000-row insert (a large submission) and 100,000-row state updates (claims, results), with
 the triggers enabled and disabled, on the same table.
 

@@ -333,7 +333,7 @@ class TapeBacklog(models.Model):
 
 class UserStateCount(models.Model):
     """How many requests a user has in each state, and their known bytes: kept by database
-    triggers on every insert, update and delete of a request (migration 0007), so a poll of
+    triggers on every insert, update and delete of a request (migrations/0002_triggers.py), so a poll of
     a user's summary reads a few rows however large the user's queue."""
 
     # No foreign key in the database, and Django leaves the rows alone when a user goes: the
@@ -697,7 +697,7 @@ class PathPrefix(models.Model):
         super().save(*args, **kwargs)
 
 
-# Rolled-up history (migration 0007_g_counters keeps them by database triggers, like the
+# Rolled-up history (migrations/0002_triggers.py keeps them by database triggers, like the
 # backlog counters): never pruned, so usage reports and the metrics' counters outlive the
 # requests they count (carousel/ops/retention.py prunes those).
 

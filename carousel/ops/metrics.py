@@ -1,7 +1,7 @@
 """Prometheus metrics at /metrics (docs/operations.md lists them).
 
 Every value is read from the database at scrape time, from rows the database keeps (the
-trigger-kept StateCount and CounterTotal of migration 0008, the loop's control and health rows,
+trigger-kept StateCount and CounterTotal of migrations/0002_triggers.py, the loop's control and health rows,
 the cycle histogram the loop writes below), never from a process's memory: any gunicorn worker
 answers the same, Celery's processes need no exporter of their own, and a counter never goes
 down when old requests are pruned. Each read is a few rows or an index probe, so a scrape costs
