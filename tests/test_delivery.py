@@ -114,3 +114,29 @@ def test_without_a_delivery_step_staged_files_are_done_in_place(tmp_path, alice,
     backend.file_state["/star/d"] = "done"
     run_cycle(now=now + timedelta(seconds=10), stager=backend)
     assert RestoreRequest.objects.get().state == "done"
+
+
+def test_a_dispatch_the_broker_refuses_is_sent_again_by_the_next_cycle(copying, tmp_path, alice, now, monkeypatch,
+                                                                        django_capture_on_commit_callbacks):
+    """A Redis blip as the deliveries are sent: the cycle's answer is not an error, and the files
+    are dispatched again at the next cycle, not after the 6-hour lease (issue 24)."""
+    from carousel import tasks
+
+    control()
+    target = tmp_path / "user" / "b.root"
+    restore_submit(user=alice, now=now, paths=["/star/b.root"], destination=str(target))
+    backend = Backend()
+    run_cycle(now=now, stager=backend)
+    staged(tmp_path, backend, ["/star/b.root"])
+
+    def refused(*args, **kwargs):
+        raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(tasks.deliver, "delay", refused)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert run_cycle(now=now + timedelta(seconds=10), stager=backend).delivering == 1
+    assert RestoreRequest.objects.get().delivery_started_at is None
+    monkeypatch.undo()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert run_cycle(now=now + timedelta(seconds=20), stager=backend).delivering == 1
+    assert RestoreRequest.objects.get().state == "done" and target.exists()

@@ -135,7 +135,10 @@ def dispatch_deliveries(*, now, control):
         waiting.filter(id__in=ids, delivery_started_at__isnull=True).update(delivery_started_at=now)
         started.extend(ids)
     if started:
-        queue.send_on_commit("carousel.tasks.deliver", started)
+        # A broker that refuses the task (a Redis blip) must not leave these files marked started
+        # until the lease runs out: they are unmarked, and the next cycle dispatches them again.
+        queue.send_on_commit("carousel.tasks.deliver", started, refused=lambda: RestoreRequest.objects.filter(
+            id__in=started, state=S.DELIVERING, delivery_started_at=now).update(delivery_started_at=None))
     return len(started)
 
 
