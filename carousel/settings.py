@@ -207,6 +207,7 @@ else:
 CELERY_TASK_ROUTES = {
     "carousel.tasks.withdraw": {"queue": "control"},
     "carousel.tasks.deliver": {"queue": "delivery"},
+    "carousel.tasks.send_notices": {"queue": "delivery"},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Beat ticks often and the cycle task decides from the control table whether a cycle is due,

@@ -7,7 +7,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from carousel.loop import delivery
-from carousel.domain import intake
+from carousel.domain import intake, services
 from carousel.loop import cycle as loop
 from carousel.infra import plugins
 from carousel.loop import withdrawals
@@ -64,6 +64,12 @@ def withdraw_on_commit(pairs):
 def deliver(ids):
     """Put staged files where their users asked (dispatched by the loop, throttled per file system)."""
     delivery.deliver_requests(ids, now=timezone.now())
+
+
+@shared_task(name="carousel.tasks.send_notices", ignore_result=True)
+def send_notices():
+    """Mail the notices of finished submissions (sent by the cycle when some are due)."""
+    services.bulk_notify_complete(now=timezone.now())
 
 
 @shared_task(name="carousel.tasks.settle_intake", ignore_result=True)

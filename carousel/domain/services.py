@@ -1,9 +1,11 @@
 """Writes of the core domain. Views, tasks and commands call these and hold no logic."""
 import logging
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Value
 
@@ -252,23 +254,51 @@ def tape_lift_quarantine(*, queryset):
 
 
 NOTICES_PER_CALL = 100
+# Completion notices are mailed by their own task (carousel.tasks.send_notices, on the delivery
+# queue), never inside the cycle: a mail server that hangs (EMAIL_TIMEOUT, 10 s a mail) would
+# hold the cycle's lock. A run stops after NOTICE_BUDGET_S; a failed mail stops the run and
+# holds notices back for NOTICE_BACKOFF_S, doubled at each failure in a row up to
+# NOTICE_BACKOFF_MAX_S, so a dead mail server is asked about once an hour, not every cycle.
+NOTICE_BUDGET_S = 60.0
+NOTICE_BACKOFF_S, NOTICE_BACKOFF_MAX_S = 60.0, 3600.0
+_NOTICE_BACKOFF_KEY = "notices:backoff"
 
 
-def bulk_notify_complete(*, now):
-    """E-mail the owners of finished submissions that asked to be told (notify): finished
-    means none of the submission's requests is active any more. Each submission is claimed
-    (notified_at set) before its mail goes out, so two loops never send it twice; a mail that
-    could not be sent is unclaimed and tried again at the next call. Returns the mails sent."""
-    from django.core.mail import send_mail
-
-    from carousel.domain import selectors
-
+def _finished_unannounced():
     active = RestoreRequest.objects.filter(bulk=OuterRef("pk"), state__in=ACTIVE_STATES)
     active_again = BulkItem.objects.filter(bulk=OuterRef("pk"), request__state__in=ACTIVE_STATES)
-    finished = (Bulk.objects.filter(notify=True, notified_at__isnull=True, pending=0)
-                .exclude(Exists(active)).exclude(Exists(active_again)))
+    return (Bulk.objects.filter(notify=True, notified_at__isnull=True, pending=0)
+            .exclude(Exists(active)).exclude(Exists(active_again)))
+
+
+def _notice_backoff():
+    """(failures in a row, not before) of the mail server, from the shared cache."""
+    return cache.get(_NOTICE_BACKOFF_KEY) or (0, None)
+
+
+def notices_due(*, now):
+    """Whether a finished submission waits for its notice and the mail server is not backed off
+    (the cycle's test before it sends the task: one indexed probe)."""
+    _, not_before = _notice_backoff()
+    return (not_before is None or now >= not_before) and _finished_unannounced().exists()
+
+
+def bulk_notify_complete(*, now, budget_s=None):
+    """E-mail the owners of finished submissions that asked to be told (notify): finished
+    means none of the submission's requests is active any more. Each submission is claimed
+    (notified_at set) before its mail goes out, so two senders never send it twice; a mail that
+    could not be sent is unclaimed, ends the run and backs the notices off (above). Returns the
+    mails sent."""
+    from django.core.mail import send_mail
+
+    failures, not_before = _notice_backoff()
+    if not_before is not None and now < not_before:
+        return 0
+    stop_at = time.monotonic() + (NOTICE_BUDGET_S if budget_s is None else budget_s)
     sent = 0
-    for bulk in finished.select_related("user").order_by("created_at")[:NOTICES_PER_CALL]:
+    for bulk in _finished_unannounced().select_related("user").order_by("created_at")[:NOTICES_PER_CALL]:
+        if time.monotonic() > stop_at:
+            break  # the rest at the next run
         if not Bulk.objects.filter(pk=bulk.pk, notified_at__isnull=True).update(notified_at=now):
             continue  # another process took it
         if not bulk.user.email:
@@ -280,9 +310,14 @@ def bulk_notify_complete(*, now):
                 + f"\nThe requests: {link}\nSubmission id: {bulk.id}\n")
         try:
             send_mail(f"Carousel: your restore of {bulk.files} file(s) is complete", body, None, [bulk.user.email])
-        except Exception as exc:  # noqa: BLE001 - any mail failure: unclaim, try again next time
+        except Exception as exc:  # noqa: BLE001 - any mail failure: unclaim, back off, try again later
             Bulk.objects.filter(pk=bulk.pk).update(notified_at=None)
-            logging.getLogger("carousel.notice").warning("notice for submission %s not sent: %s", bulk.id, exc)
-            continue
+            wait = min(NOTICE_BACKOFF_MAX_S, NOTICE_BACKOFF_S * 2 ** failures)
+            cache.set(_NOTICE_BACKOFF_KEY, (failures + 1, now + timedelta(seconds=wait)), timeout=int(wait) + 60)
+            logging.getLogger("carousel.notice").warning(
+                "notice for submission %s not sent (%s); notices wait %.0f s", bulk.id, exc, wait)
+            return sent
         sent += 1
+    if failures:
+        cache.delete(_NOTICE_BACKOFF_KEY)
     return sent

@@ -16,7 +16,7 @@ from django.db.models import F, Sum
 
 from policies.selection import share_policy, sort_policy
 
-from carousel.infra import db
+from carousel.infra import db, queue
 from carousel.loop import health as h
 from carousel.domain import intake
 from carousel.ops import metrics
@@ -31,7 +31,7 @@ from carousel.loop.mounts import MountPlanner, preempt, send_jobs
 from carousel.domain.pins import end_expired_pins
 from carousel.infra.plugins import PluginError
 from carousel.loop.progress import collect_progress, log_unexpected, requeue_orphans
-from carousel.domain.services import bulk_notify_complete
+from carousel.domain.services import notices_due
 from carousel.stagers.base import StagerUnavailable
 from carousel.loop.withdrawals import expire_requests, send_stager_calls
 
@@ -103,9 +103,11 @@ def _steps(*, now, stager, control, report):
     # (never while the stager is down, never holding the cycle up).
     end_expired_pins(now=now)
     report.stager_calls = send_stager_calls(now=now, stager=stager)
-    # Copies to users, and the notices of finished submissions.
+    # Copies to users, and the notices of finished submissions (mailed by their own task: a mail
+    # server that hangs never holds the cycle).
     report.delivering = dispatch_deliveries(now=now, control=control)
-    bulk_notify_complete(now=now)
+    if notices_due(now=now):
+        queue.send_on_commit("carousel.tasks.send_notices", robust=True)
 
 
 def _work(*, now, stager, control, state, report):
