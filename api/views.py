@@ -182,7 +182,9 @@ class BulkCancel(APIView):
         if request.user.id not in (bulk.user_id, bulk.submitter_id) and not selectors.may_change_all(request.user):
             raise exceptions.PermissionDenied("you may see this submission but not cancel it: cancelling another "
                                               "user's requests needs the change permission on restore requests")
-        return _cancel(services.bulk_requests_to_act_on(bulk))
+        count, pairs = services.bulk_cancel(bulk=bulk, now=timezone.now())
+        withdraw_on_commit(pairs)
+        return Response({"cancelled": count})
 
 
 class Summary(APIView):

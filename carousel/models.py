@@ -374,6 +374,9 @@ class Bulk(models.Model):
     created = models.PositiveIntegerField(help_text="Requests this submission created.")
     notify = models.BooleanField(default=False)
     notified_at = models.DateTimeField(null=True, blank=True)
+    # When its owner (or their service) cancelled it: its requests are cancelled unless another
+    # submission not cancelled still asks for them (services.bulk_cancel).
+    cancelled_at = models.DateTimeField(null=True, blank=True)
     # The client's own name for the submission: XRootD's prepare request id, so that a later
     # query or cancel with that id finds it.
     label = models.CharField(max_length=255, blank=True, default="")

@@ -26,6 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # A file of the first chain; the chain is read from the last commit that has it.
 FIRST_CHAIN_LAST = "carousel/migrations/0021_intake.py"
 FIRST_CHAIN_PACKAGE = "first_chain_migrations"
+# The squashed set alone (the files that replace the first chain), so that migrations added
+# after the squash do not enter the comparison.
+SQUASHED_PACKAGE = "squashed_migrations"
+
+
+def squashed_files():
+    return sorted(p for p in (ROOT / "carousel" / "migrations").glob("0*.py") if "replaces = [" in p.read_text())
 
 
 def _git(*args):
@@ -60,19 +67,30 @@ def first_chain(tmp_path_factory):
     (root / "first_chain_settings.py").write_text(
         "from carousel.settings import *  # noqa: F403\n"
         f"MIGRATION_MODULES = {{'carousel': '{FIRST_CHAIN_PACKAGE}'}}\n")
+    squashed = root / SQUASHED_PACKAGE
+    squashed.mkdir()
+    (squashed / "__init__.py").write_text("")
+    for path in squashed_files():
+        (squashed / path.name).write_text(path.read_text())
+    (root / "squashed_settings.py").write_text(
+        "from carousel.settings import *  # noqa: F403\n"
+        f"MIGRATION_MODULES = {{'carousel': '{SQUASHED_PACKAGE}'}}\n")
     return root
 
 
-def manage(*args, env, first_chain=None):
-    """`manage.py *args`, with the first chain's migrations when first_chain is given."""
-    env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(first_chain or ""), str(ROOT)])),
-               DJANGO_SETTINGS_MODULE="first_chain_settings" if first_chain else "carousel.settings")
+def manage(*args, env, first_chain=None, squashed=None):
+    """`manage.py *args`, with the first chain's migrations when first_chain is given, with the
+    squashed set alone when squashed is (both: the directory the first_chain fixture made)."""
+    root = first_chain or squashed
+    settings = "first_chain_settings" if first_chain else "squashed_settings" if squashed else "carousel.settings"
+    env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(root or ""), str(ROOT)])),
+               DJANGO_SETTINGS_MODULE=settings)
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
 
 
-def migrate(env, first_chain=None):
-    done = manage("migrate", "--noinput", env=env, first_chain=first_chain)
+def migrate(env, first_chain=None, squashed=None):
+    done = manage("migrate", "--noinput", env=env, first_chain=first_chain, squashed=squashed)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -81,7 +99,7 @@ def build_both(env_first, env_squashed, first_chain):
     """Migrates one database through the first chain and one through the squashed set, at once."""
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(migrate, env_first, first_chain)
-        squashed = pool.submit(migrate, env_squashed)
+        squashed = pool.submit(migrate, env_squashed, None, first_chain)
         first.result(), squashed.result()
 
 
@@ -90,7 +108,7 @@ def first_chain_names(first_chain):
 
 
 def squashed_names():
-    return {p.stem for p in (ROOT / "carousel" / "migrations").glob("0*.py")}
+    return {p.stem for p in squashed_files()}
 
 
 def check_upgrade(first_chain, env_first, applied_after_first, applied_after_squashed):
@@ -98,7 +116,7 @@ def check_upgrade(first_chain, env_first, applied_after_first, applied_after_squ
     running it (and `migrate`'s checks, the triggers' among them, pass on it); one migrated
     through the squashed set has the first chain's names recorded too, so a migration that
     depends on one of them is satisfied."""
-    out = migrate(env_first)
+    out = migrate(env_first, squashed=first_chain)
     assert "No migrations to apply." in out, out
     assert first_chain_names(first_chain) | squashed_names() <= applied_after_first()
     assert first_chain_names(first_chain) | squashed_names() <= applied_after_squashed()
@@ -293,7 +311,7 @@ def test_the_squashed_migrations_build_the_first_chains_database_on_sqlite(first
     conn.execute("DROP TRIGGER carousel_state_counts_update_new")
     conn.commit()
     conn.close()
-    done = manage("check", "--database", "default", env=env_squashed)
+    done = manage("check", "--database", "default", env=env_squashed, squashed=first_chain)
     assert done.returncode != 0 and "carousel.E004" in done.stderr, done.stderr[-3000:]
     assert "carousel_state_counts_update_new" in done.stderr and "UserStateCount" in done.stderr
 

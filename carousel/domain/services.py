@@ -7,7 +7,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Value
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
 
 from carousel.infra import db
 from carousel.domain import intake
@@ -95,9 +95,10 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
 
     keys = [path_key(p) for p in clean]
     with transaction.atomic():
-        # One submission per user at a time, so the ceiling check cannot be raced.
-        Account.objects.get_or_create(user=user)
-        account = Account.objects.select_for_update().get(user=user)
+        # One write on a user's active requests at a time (a submission, a cancel), so neither
+        # the ceiling check nor the duplicates found below can be raced.
+        lock_accounts([user.id])
+        account = Account.objects.get(user=user)
         # The user's earlier submissions still in the intake are queued first, so that this
         # one's duplicates and ceiling are judged against all of them.
         intake.settle_user(user)
@@ -168,6 +169,38 @@ def _check_authorised(user, paths, clean):
                          errors=listed)
 
 
+def lock_accounts(user_ids):
+    """Take the account rows of these users, in user order, for the rest of the transaction.
+    Every write that decides on a user's active requests takes them first (a submission, a
+    cancel), so two such writes of one user are serialised: whichever commits second sees the
+    first (a resubmission racing a cancel is either cancelled with it or queued anew, never
+    answered as accepted and then lost)."""
+    ids = sorted(set(user_ids))
+    for user_id in ids:
+        Account.objects.get_or_create(user_id=user_id)
+    list(Account.objects.select_for_update().filter(user_id__in=ids).order_by("user_id").values_list("id", flat=True))
+
+
+def wanted_elsewhere(bulk):
+    """The requests another submission not cancelled still asks for (as its own or again):
+    cancelling `bulk` leaves them, so a resubmission of the same files, or a person's own
+    request a service also asked for on their behalf, is not lost."""
+    return ((Q(bulk__isnull=False) & Q(bulk__cancelled_at__isnull=True) & ~Q(bulk_id=bulk.pk))
+            | Q(Exists(BulkItem.objects.filter(request=OuterRef("pk"), bulk__cancelled_at__isnull=True)
+                       .exclude(bulk_id=bulk.pk))))
+
+
+def bulk_cancel(*, bulk, now, reason="cancelled by the user"):
+    """Cancel a submission: it is marked cancelled, and its active requests that no other
+    submission still wants are cancelled. Returns (count, withdrawals) as request_cancel."""
+    with transaction.atomic():
+        lock_accounts([bulk.user_id])
+        intake.settle_if_pending(bulk)
+        Bulk.objects.filter(pk=bulk.pk).update(cancelled_at=now)
+        return request_cancel(queryset=selectors.bulk_requests(bulk).exclude(wanted_elsewhere(bulk)), now=now,
+                              reason=reason)
+
+
 def bulk_requests_to_act_on(bulk):
     """A submission's requests, for a write that acts on all of them (a cancel, a release): its
     files still waiting in the intake are queued first, so that none is left out. Reads use
@@ -176,12 +209,17 @@ def bulk_requests_to_act_on(bulk):
     return selectors.bulk_requests(bulk)
 
 
-def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCELLED):
+def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCELLED, serialise=True):
     """Cancel (or, with to=EXPIRED, expire) the active requests of `queryset`. Returns (count,
     withdrawals): the (job, path) pairs taken back from the stager, which leaves out any file
     that another user's request still shares. They are recorded as stager calls in the same
-    transaction (the loop sends them); a caller may ask for an early send (tasks.withdraw_on_commit)."""
+    transaction (the loop sends them); a caller may ask for an early send (tasks.withdraw_on_commit).
+    serialise: take the owners' accounts first (lock_accounts); the loop's expiry does not, so
+    that a cycle never waits behind a user's big submission."""
     with transaction.atomic():
+        if serialise:
+            lock_accounts(queryset.filter(state__in=ACTIVE_STATES).order_by().values_list("user_id", flat=True)
+                          .distinct())
         # Locked first, so the loop cannot claim one of them between the two statements below
         # (it would then be cancelled here but never withdrawn from the stager).
         ids = list(queryset.filter(state__in=ACTIVE_STATES).select_for_update(of=("self",))

@@ -238,14 +238,14 @@ def stage_cancel(*, bulk, paths, now):
     already finished stay as they are. Returns the (job, path) pairs to withdraw."""
     requests, _ = _members(bulk, paths)
     _forget_status(bulk.pk)
-    return services.request_cancel(queryset=requests, now=now)[1]
+    # Files another of the user's stage requests still asks for stay (services.wanted_elsewhere).
+    return services.request_cancel(queryset=requests.exclude(services.wanted_elsewhere(bulk)), now=now)[1]
 
 
 @transaction.atomic
 def stage_delete(*, bulk, now):
     """DELETE stage/{id}: its unfinished files are cancelled and the request is forgotten."""
-    _, withdraw = services.request_cancel(queryset=services.bulk_requests_to_act_on(bulk), now=now,
-                                          reason="stage request deleted")
+    _, withdraw = services.bulk_cancel(bulk=bulk, now=now, reason="stage request deleted")
     Bulk.objects.filter(pk=bulk.pk).delete()
     _forget_status(bulk.pk)
     return withdraw

@@ -29,7 +29,7 @@ def expire_requests(*, now):
     """Requests whose deadline passed: expired, and their files withdrawn through stager calls."""
     count, _ = request_cancel(
         queryset=RestoreRequest.objects.filter(deadline__lt=now, state__in=ACTIVE_STATES), now=now,
-        reason="deadline passed before the file was restored", to=S.EXPIRED)
+        reason="deadline passed before the file was restored", to=S.EXPIRED, serialise=False)
     return count
 
 
