@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
+from api.auth import require_token_allows
 from carousel.grid import door as grid
 from carousel.domain import pins
 from carousel.domain import selectors
@@ -77,10 +78,8 @@ class RequestListCreate(generics.ListAPIView):
     def post(self, request):
         form = s.SubmitSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        allows = getattr(request.auth, "allows", None)  # a WLCG token's scopes
-        if allows and isinstance(form.validated_data["paths"], list) and not all(
-                allows("stage", p) for p in form.validated_data["paths"]):
-            raise exceptions.PermissionDenied("the token's scopes do not allow staging all of these paths")
+        if isinstance(form.validated_data["paths"], list):
+            require_token_allows(request, "stage", form.validated_data["paths"])
         result = grid.submission_create(submitter=request.user, now=timezone.now(),
                                         group=getattr(request.auth, "group", None), **form.validated_data)
         body = {"bulk_id": result.bulk.id, "files": result.files, "created": result.created,
@@ -119,6 +118,7 @@ class RequestCancel(APIView):
         if req.user_id != request.user.id and not selectors.may_change_all(request.user):
             raise exceptions.PermissionDenied("you may see this request but not cancel it: cancelling another "
                                               "user's request needs the change permission on restore requests")
+        require_token_allows(request, "stage", [req.path])
         return _cancel(selectors.cancellable_requests(request.user).filter(pk=req.pk))
 
 
@@ -129,7 +129,9 @@ class RequestCancelMany(APIView):
     def post(self, request):
         form = s.IdsSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        return _cancel(selectors.cancellable_requests(request.user).filter(pk__in=form.validated_data["ids"]))
+        chosen = selectors.cancellable_requests(request.user).filter(pk__in=form.validated_data["ids"])
+        require_token_allows(request, "stage", chosen.values_list("path", flat=True))
+        return _cancel(chosen)
 
 
 class PathsSerializer(s.StrictSerializer):
@@ -143,6 +145,7 @@ class RequestRelease(APIView):
     def post(self, request):
         form = PathsSerializer(data=request.data)
         form.is_valid(raise_exception=True)
+        require_token_allows(request, "stage", form.validated_data["paths"])
         return Response({"released": pins.release_pins(user=request.user, paths=form.validated_data["paths"],
                                                   now=timezone.now())})
 
@@ -182,6 +185,7 @@ class BulkCancel(APIView):
         if request.user.id not in (bulk.user_id, bulk.submitter_id) and not selectors.may_change_all(request.user):
             raise exceptions.PermissionDenied("you may see this submission but not cancel it: cancelling another "
                                               "user's requests needs the change permission on restore requests")
+        require_token_allows(request, "stage", selectors.bulk_paths(bulk))
         count, pairs = services.bulk_cancel(bulk=bulk, now=timezone.now())
         withdraw_on_commit(pairs)
         return Response({"cancelled": count})

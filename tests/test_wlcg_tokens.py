@@ -207,3 +207,31 @@ def test_a_service_account_finds_and_cancels_what_it_asked_for_on_a_persons_beha
     assert set(RestoreRequest.objects.values_list("state", flat=True)) == {"cancelled"}
     # An ordinary account sees none of it.
     assert client_for(charlie).get("/api/v1/bulks/", {"label": "xrd-7"}).json()["results"] == []
+
+
+@pytest.mark.parametrize("claims", [{"scope": None}, {"scope": "openid profile"},
+                                    {"scope": None, "groups": ["/nobody-mapped-this"]}])
+def test_a_token_with_no_staging_right_stages_nothing_on_either_door(issuer, claims):
+    """No scope, only `openid profile`, or only a group nobody mapped: 403 on both doors (issue 25)."""
+    client = bearer(issuer.mint(sub="nobody", **claims))
+    assert stage(client, "/atlas/data/f").status_code == 403
+    assert client.post("/api/v1/requests/", {"paths": ["/atlas/data/f"]}, format="json").status_code == 403
+    assert not RestoreRequest.objects.exists()
+
+
+def test_a_tokens_scopes_hold_on_the_native_door_for_cancel_and_release(issuer):
+    """A token of the same subject scoped to poll elsewhere may not cancel or release through the
+    native API, as the Tape REST door already refused it (issue 25)."""
+    owner = bearer(issuer.mint(sub="u-1", scope="storage.stage:/data"))
+    r = owner.post("/api/v1/requests/", {"paths": ["/atlas/data/a", "/atlas/data/b"]}, format="json")
+    assert r.status_code == 201, r.content
+    bulk = r.json()["bulk_id"]
+    ids = list(RestoreRequest.objects.values_list("id", flat=True))
+    elsewhere = bearer(issuer.mint(sub="u-1", scope="storage.poll:/elsewhere"))
+    assert elsewhere.post(f"/api/v1/bulks/{bulk}/cancel/").status_code == 403
+    assert elsewhere.post("/api/v1/requests/cancel/", {"ids": ids}, format="json").status_code == 403
+    assert elsewhere.post(f"/api/v1/requests/{ids[0]}/cancel/").status_code == 403
+    assert elsewhere.post("/api/v1/requests/release/", {"paths": ["/atlas/data/a"]},
+                          format="json").status_code == 403
+    assert set(RestoreRequest.objects.values_list("state", flat=True)) == {"queued"}
+    assert owner.post(f"/api/v1/bulks/{bulk}/cancel/").json() == {"cancelled": 2}

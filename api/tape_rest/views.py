@@ -13,6 +13,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.auth import require_token_allows
 from carousel.grid import door as grid
 from carousel.domain.exceptions import CarouselError
 from carousel.tasks import withdraw_on_commit
@@ -84,14 +85,7 @@ class TapeRestView(APIView):
             raise exceptions.NotFound(f"no stage request {request_id}")
 
     def require(self, request, action, paths):
-        """A WLCG token's scopes must cover every path (403 before anything is stored)."""
-        allows = getattr(request.auth, "allows", None)
-        if allows is None:
-            return
-        refused = [p for p in paths if isinstance(p, str) and not allows(action, p)]
-        if refused:
-            raise exceptions.PermissionDenied(
-                f"the token's scopes do not allow {action} of {len(refused)} path(s), e.g. {refused[0]}")
+        require_token_allows(request, action, paths)
 
 
 def _stage_files(body, sitename):

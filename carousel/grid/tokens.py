@@ -129,6 +129,10 @@ class Grant:
     poll: tuple = ()
     capabilities: bool = False  # any capability scope: then wlcg.groups do not authorise
     groups: list = field(default_factory=list)  # wlcg.groups, in the token's order
+    # Without capability scopes, a token authorises only through a group the operators mapped
+    # (WlcgGroupMap) or an account they gave a group: no scope, `openid profile`, or a group
+    # nobody mapped allows nothing.
+    group_authorised: bool = False
     group: object = None  # the Django group its work is accounted to (None: the account's)
     user: object = None
 
@@ -137,7 +141,7 @@ class Grant:
         path = _SLASHES.sub("/", path) if isinstance(path, str) else ""
         if not self.capabilities:
             # Authorised by groups: the path-authorisation plugin decides within the VO's tree.
-            return covers(self.base_path, path)
+            return self.group_authorised and covers(self.base_path, path)
         prefixes = self.stage if action == "stage" else self.stage + self.poll
         return any(covers(p, path) for p in prefixes)
 
@@ -241,5 +245,6 @@ def authenticate(token):
             user.groups.add(*named)
     operator_named = Account.objects.filter(user=user, group__isnull=False).exists()
     grant.group = None if operator_named or not named else named[0]
+    grant.group_authorised = bool(named) or operator_named
     grant.user = user
     return user, grant
