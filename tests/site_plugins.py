@@ -51,3 +51,17 @@ class Seniority(SharePolicy):
         grants = water_fill([max(0, min(d.pending, d.room)) for d in users], slots,
                             [3 if d.user % 2 else 1 for d in users])
         return {d.user: n for d, n in zip(users, grants) if n}
+
+
+class Elders(SharePolicy):
+    """A site's sharing policy: the oldest account (lowest user id) takes all it may, then the
+    next; so the drives go to the elders first (their weights follow from allocate())."""
+
+    name = "ELDERS"
+
+    def allocate(self, demands, groups, slots):
+        grants = {}
+        for d in sorted(demands, key=lambda d: d.user):
+            grants[d.user] = max(0, min(d.pending, d.room, slots))
+            slots -= grants[d.user]
+        return {user: n for user, n in grants.items() if n}
