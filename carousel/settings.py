@@ -251,6 +251,11 @@ CAROUSEL_SHARE_POLICIES = env_plugins("CAROUSEL_SHARE_POLICIES", {
     "GROUP": "policies.sharing.Group",
     "GRPW": "policies.sharing.GroupWeighted",
 })
+# Who gets the next mount (policies/turns.py): a name in the registry, or a dotted path.
+CAROUSEL_TURN_POLICIES = env_plugins("CAROUSEL_TURN_POLICIES", {
+    "fair": "policies.turns.FairTurns",
+})
+CAROUSEL_TURN_POLICY = os.environ.get("CAROUSEL_TURN_POLICY", "fair")
 # `immediate` marks requests restored without reading a tape: the worker and beat refuse to
 # start on it unless this is set (carousel/infra/deploy.py).
 CAROUSEL_ALLOW_IMMEDIATE = env_bool("CAROUSEL_ALLOW_IMMEDIATE", False)

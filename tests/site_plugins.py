@@ -3,6 +3,7 @@ from carousel.stagers.base import FileStatus, Location
 from carousel.stagers.immediate import ImmediateStager
 from policies.sharing import SharePolicy, water_fill
 from policies.sorting import SortPolicy
+from policies.turns import FairTurns
 
 
 class SiteStager(ImmediateStager):
@@ -65,3 +66,12 @@ class Elders(SharePolicy):
             grants[d.user] = max(0, min(d.pending, d.room, slots))
             slots -= grants[d.user]
         return {user: n for user, n in grants.items() if n}
+
+
+class LargestBacklogFirst(FairTurns):
+    """A site's turn policy: the user with the most ready requests has the next turn, whatever
+    their drive time held or their weight (ties: the lower user id). Whole tapes, riders, caps
+    and the mount budget stay as the shipped policy has them."""
+
+    def tag(self, demand, held_s, weight):
+        return -demand.pending, demand.user

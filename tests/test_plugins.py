@@ -62,7 +62,7 @@ def test_it_rejects_a_registry_variable_that_is_not_an_object_of_dotted_paths(mo
 
 
 @pytest.mark.parametrize("registry", ["CAROUSEL_STAGERS", "CAROUSEL_DELIVERIES", "CAROUSEL_PATH_AUTHORIZATIONS",
-                                      "CAROUSEL_SORT_POLICIES", "CAROUSEL_SHARE_POLICIES"])
+                                      "CAROUSEL_SORT_POLICIES", "CAROUSEL_SHARE_POLICIES", "CAROUSEL_TURN_POLICIES"])
 def test_every_plugin_family_is_named_from_the_environment(monkeypatch, registry):
     fresh = settings_from_environment(monkeypatch, **{registry: '{"site": "tests.site_plugins.Anything"}'})
     assert fresh[registry]["site"] == "tests.site_plugins.Anything"

@@ -4,9 +4,10 @@ from django.core.checks import Error, register
 from carousel.infra.plugins import PluginError, resolve, resolve_choice
 
 REGISTRIES = ("CAROUSEL_STAGERS", "CAROUSEL_SORT_POLICIES", "CAROUSEL_SHARE_POLICIES", "CAROUSEL_DELIVERIES",
-              "CAROUSEL_PATH_AUTHORIZATIONS")
+              "CAROUSEL_PATH_AUTHORIZATIONS", "CAROUSEL_TURN_POLICIES")
 # Choices that may name a registry entry or a dotted path: choice setting -> its registry.
-CHOICES = {"CAROUSEL_PATH_AUTHORIZATION": "CAROUSEL_PATH_AUTHORIZATIONS"}
+CHOICES = {"CAROUSEL_PATH_AUTHORIZATION": "CAROUSEL_PATH_AUTHORIZATIONS",
+           "CAROUSEL_TURN_POLICY": "CAROUSEL_TURN_POLICIES"}
 
 
 @register()

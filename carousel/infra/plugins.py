@@ -66,6 +66,13 @@ def path_authorization():
     return resolve_choice("CAROUSEL_PATH_AUTHORIZATIONS", "CAROUSEL_PATH_AUTHORIZATION")()
 
 
+@functools.cache
+def turn_policy():
+    """The configured turn-taking policy (policies/turns.py): a name in the registry, or a dotted
+    path; one instance per process."""
+    return resolve_choice("CAROUSEL_TURN_POLICIES", "CAROUSEL_TURN_POLICY")()
+
+
 @receiver(setting_changed)
 def _reset(setting, **kwargs):
     if setting.startswith("CAROUSEL_"):
@@ -73,3 +80,4 @@ def _reset(setting, **kwargs):
         stager.cache_clear()
         delivery.cache_clear()
         path_authorization.cache_clear()
+        turn_policy.cache_clear()
