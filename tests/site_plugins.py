@@ -1,9 +1,29 @@
-"""A site's own plugins, living outside the core, named in settings by the tests."""
+"""A site's own plugins, living outside the core, named in settings by the tests (and shown
+in docs/plugins.md)."""
+import os
+
+from carousel.loop.delivery import Delivery, DeliveryError
 from carousel.stagers.base import FileStatus, Location
 from carousel.stagers.immediate import ImmediateStager
 from policies.sharing import SharePolicy, water_fill
 from policies.sorting import SortPolicy
 from policies.turns import FairTurns
+
+
+class Symlink(Delivery):
+    """A site's delivery: a symbolic link at the destination to the staged copy, for a stager
+    whose disk buffer users' nodes mount. Throttled per destination directory."""
+
+    def filesystem(self, destination):
+        return os.path.dirname(destination)
+
+    def deliver(self, source, destination):
+        try:
+            os.symlink(source, destination)
+        except FileExistsError as exc:
+            raise DeliveryError(f"{destination} exists already", user_error=True) from exc
+        except OSError as exc:
+            raise DeliveryError(f"cannot link {destination}: {exc.strerror}") from exc
 
 
 class SiteStager(ImmediateStager):

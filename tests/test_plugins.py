@@ -69,6 +69,21 @@ def test_every_plugin_family_is_named_from_the_environment(monkeypatch, registry
     assert len(fresh[registry]) > 1  # the shipped entries stay
 
 
+def test_a_delivery_named_in_the_environment_is_the_one_the_loop_uses(monkeypatch, settings, tmp_path):
+    from carousel.loop.delivery import DeliveryError
+
+    fresh = settings_from_environment(monkeypatch, CAROUSEL_DELIVERIES='{"link": "tests.site_plugins.Symlink"}',
+                                      CAROUSEL_DELIVERY="link")
+    settings.CAROUSEL_DELIVERIES, settings.CAROUSEL_DELIVERY = fresh["CAROUSEL_DELIVERIES"], fresh["CAROUSEL_DELIVERY"]
+    staged = tmp_path / "staged"
+    staged.write_text("data")
+    plugins.delivery().deliver(str(staged), str(tmp_path / "mine"))
+    assert (tmp_path / "mine").read_text() == "data" and (tmp_path / "mine").is_symlink()
+    with pytest.raises(DeliveryError) as refused:
+        plugins.delivery().deliver(str(staged), str(tmp_path / "mine"))
+    assert refused.value.user_error
+
+
 def test_a_registered_name_that_does_not_import_fails_the_system_check(settings):
     settings.CAROUSEL_SHARE_POLICIES = {**settings.CAROUSEL_SHARE_POLICIES, "GONE": "nowhere.Share"}
     assert any(e.id == "carousel.E001" and "GONE" in e.msg for e in run_checks())
