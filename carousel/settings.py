@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("CAROUSEL_VAR_DIR", BASE_DIR / "var"))
@@ -21,6 +22,20 @@ ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").spl
 
 def env_list(name):
     return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def env_plugins(name, shipped):
+    """A plugin registry, name -> dotted path: the shipped entries, with those of the environment
+    variable `name` added or put in their place. The variable holds a JSON object, e.g.
+    CAROUSEL_SORT_POLICIES='{"LIFO": "site_policies.Newest"}' (docs/plugins.md)."""
+    try:
+        named = json.loads(os.environ.get(name) or "{}")
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} is not JSON: {exc}") from exc
+    if not isinstance(named, dict) or not all(isinstance(v, str) and v for v in named.values()):
+        raise ImproperlyConfigured(f'{name} must be a JSON object of name -> dotted path, e.g. '
+                                   f'{{"site": "site_plugins.Example"}}; got {os.environ[name]!r}')
+    return {**shipped, **named}
 
 
 # Behind a TLS-terminating proxy (docs/operations.md): the proxy's public origins, e.g.
@@ -214,46 +229,55 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # so an operator's change of the cycle period applies without a restart.
 CAROUSEL_TICK_S = float(os.environ.get("CAROUSEL_TICK_S", "2"))
 
-# Plugins: name -> dotted path, resolved lazily with import_string (see carousel/infra/plugins.py).
-CAROUSEL_STAGERS = {
+# Plugins (docs/plugins.md): each family is a registry, name -> dotted path, resolved lazily with
+# import_string (carousel/infra/plugins.py). A site adds entries, or puts its own in place of
+# shipped ones, with the environment variable of the same name (a JSON object: env_plugins).
+CAROUSEL_STAGERS = env_plugins("CAROUSEL_STAGERS", {
     "immediate": "carousel.stagers.immediate.ImmediateStager",
     "hpss": "carousel.stagers.hpss.HpssStager",
     "tape-rest": "carousel.stagers.tape_rest.TapeRestStager",
     "command": "carousel.stagers.command.CommandStager",
     "simulated": "carousel.stagers.simulated.SimulatedStager",
-}
+})
 # The simulated tape library is the embedded default: `make run` shows tapes mounting and
 # files staging with no tape system behind it (options: speedup, drives, media, tapes).
 CAROUSEL_STAGER = os.environ.get("CAROUSEL_STAGER", "simulated")
-CAROUSEL_SORT_POLICIES = {
+# The sorting and sharing policies are chosen by name in the control row (the admin lists every
+# name registered here).
+CAROUSEL_SORT_POLICIES = env_plugins("CAROUSEL_SORT_POLICIES", {
     "NONE": "policies.sorting.Fifo",
     "TAPEID": "policies.sorting.TapeId",
     "SLIDER": "policies.sorting.Slider",
-}
-CAROUSEL_SHARE_POLICIES = {
+})
+CAROUSEL_SHARE_POLICIES = env_plugins("CAROUSEL_SHARE_POLICIES", {
     "EQUAL": "policies.sharing.Equal",
     "GROUP": "policies.sharing.Group",
     "GRPW": "policies.sharing.GroupWeighted",
-}
+})
+# Who gets the next mount (policies/turns.py): a name in the registry, or a dotted path.
+CAROUSEL_TURN_POLICIES = env_plugins("CAROUSEL_TURN_POLICIES", {
+    "fair": "policies.turns.FairTurns",
+})
+CAROUSEL_TURN_POLICY = os.environ.get("CAROUSEL_TURN_POLICY", "fair")
 # `immediate` marks requests restored without reading a tape: the worker and beat refuse to
 # start on it unless this is set (carousel/infra/deploy.py).
 CAROUSEL_ALLOW_IMMEDIATE = env_bool("CAROUSEL_ALLOW_IMMEDIATE", False)
 # Keyword arguments of the stager's class, as JSON (e.g. {"url": ..., "token_file": ...}).
 CAROUSEL_STAGER_OPTIONS = json.loads(os.environ.get("CAROUSEL_STAGER_OPTIONS") or "{}")
-CAROUSEL_DELIVERIES = {
+CAROUSEL_DELIVERIES = env_plugins("CAROUSEL_DELIVERIES", {
     "none": "carousel.loop.delivery.InPlace",
     "copy": "carousel.loop.delivery.LocalCopy",
     "command": "carousel.loop.delivery.SiteCommand",
-}
+})
 CAROUSEL_DELIVERY = os.environ.get("CAROUSEL_DELIVERY", "none")
 CAROUSEL_DELIVERY_OPTIONS = json.loads(os.environ.get("CAROUSEL_DELIVERY_OPTIONS") or "{}")
 
 # Who may restore what (carousel/domain/authz.py): "allow-all", "group-prefixes" (a group's path
 # prefixes, edited in the admin), or a site's class as a dotted path.
-CAROUSEL_PATH_AUTHORIZATIONS = {
+CAROUSEL_PATH_AUTHORIZATIONS = env_plugins("CAROUSEL_PATH_AUTHORIZATIONS", {
     "allow-all": "carousel.domain.authz.AllowAll",
     "group-prefixes": "carousel.domain.authz.GroupPrefixes",
-}
+})
 CAROUSEL_PATH_AUTHORIZATION = os.environ.get("CAROUSEL_PATH_AUTHORIZATION", "allow-all")
 # Where restored files may be delivered, for everyone (colon-separated absolute paths); groups
 # get more in the admin. Empty, and no group roots: destinations are refused.

@@ -1,27 +1,26 @@
-"""The selection step of the server loop: whose tape is mounted next (the sharing policy's
-weights, in drive time) and which of each user's requests go (the sorting policy).
+"""The selection step of the server loop: the ready work read from the database for the turn
+policy (policies/turns.py), which decides whose tape is mounted next (the sharing policy's
+weights, in drive time), each user's requests ordered by the sorting policy.
 
 Nothing here reads a whole queue. Who has work and how much comes from the trigger-kept
 counters (UserBacklog, TapeBacklog); the candidates come from per-user index scans bounded
 by each user's allotment. A cycle therefore costs about (users with work + slots) index
 probes, whatever the length of the queue."""
-import heapq
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timezone as dt_timezone
 from itertools import groupby
 
 from django.db.models import Count, Sum
 
-from carousel.infra import db
+from carousel.infra import db, plugins
 from carousel.models import (
     IN_FLIGHT_STATES, Account, GroupShare, Job, RestoreRequest, Tape, TapeBacklog, UserBacklog,
 )
-from carousel.infra.plugins import resolve
-from carousel.tape import MEDIA, mount_profile
 
 from .sharing import GroupLimit, UserDemand
-from .sorting import Candidate, Params, TapeInfo, in_read_order
+from .sorting import Candidate, Params, TapeInfo
+from .turns import ReadyWork
 
 _COLUMNS = "id, user_id, tape_id, position, size, priority, created_at, group_id"
 # Requests on a quarantined tape wait: no retries against a bad cartridge (few tapes are).
@@ -47,11 +46,11 @@ ON_TAPE_SQL = (f"SELECT {_COLUMNS} FROM carousel_restorerequest WHERE user_id = 
 
 
 def sort_policy(name):
-    return resolve("CAROUSEL_SORT_POLICIES", name)()
+    return plugins.resolve("CAROUSEL_SORT_POLICIES", name)()
 
 
 def share_policy(name):
-    return resolve("CAROUSEL_SHARE_POLICIES", name)()
+    return plugins.resolve("CAROUSEL_SHARE_POLICIES", name)()
 
 
 def params_from(control):
@@ -64,182 +63,65 @@ def params_from(control):
 class Selection:
     chosen: list = field(default_factory=list)  # Candidates, in sending order
     tapes: dict = field(default_factory=dict)  # tape id -> TapeInfo
-    allotments: dict = field(default_factory=dict)  # user id -> files chosen
-    held_s: dict = field(default_factory=dict)  # user id -> drive time held after this cycle (estimated)
-    rounds: int = 0
 
 
-def select(*, now, control, sort, share, slots, most_slots=None, mounts=None):
-    """Choose up to `slots` ready requests, a mount at a time, in turns of drive time.
+def turn_policy():
+    """The configured turn-taking policy (CAROUSEL_TURN_POLICY), one instance per process."""
+    return plugins.turn_policy()
 
-    Each user's own queue comes from the sorting policy (how far it looks: see below), in
-    runs of one tape (a run is one mount). Then, as in weighted fair queueing, the next run
-    goes to the user whose drive time held (the estimated drive time of their work planned or
-    on the drives, plus the runs given this cycle), with that run added, is the smallest for
-    their weight (share.drive_weights); the run's estimated mount
-    time (carousel.tape.mount_profile) is charged to them. So the drives' time, not a cycle's
-    file slots, is shared, and tapes stay whole: when the run whose turn it is does not fit in
-    the slots left, the cycle stops there and the run goes whole at a later cycle (unless the
-    cycle has chosen nothing and the tape's run is bigger than `most_slots`, the most slots a
-    cycle can have: waiting would not help, so it goes in part). Caps bound each user and group
-    as before; priorities and the maximum wait order each user's own queue. `mounts`, when
-    given, bounds the runs chosen for users with work in flight (N files or more, counting
-    this cycle's): a user with little in flight (an analyst's few files) still goes, as the
-    plan puts such short mounts first anyway."""
-    most_slots = slots if most_slots is None else most_slots
-    result = Selection()
+
+def select(*, now, control, sort, share, slots, most_slots=None, mounts=None, turns=None):
+    """Choose up to `slots` ready requests, a mount at a time: the turn policy (`turns`, by
+    default the configured one: policies/turns.py) takes turns over the ready work read here,
+    each user's queue ordered by the sorting policy `sort`, their claims on the drives' time
+    given by the sharing policy `share`. `most_slots`: the most slots a cycle can have;
+    `mounts`: the long mounts the drives' chains want, when bounded (TurnPolicy.take_turns)."""
     if slots <= 0:
-        return result
+        return Selection()
+    work = ready_work(now=now, control=control, sort=sort, share=share)
+    turns = turn_policy() if turns is None else turns
+    chosen = turns.take_turns(work, slots=slots, most_slots=slots if most_slots is None else most_slots,
+                              mounts=mounts)
+    return Selection(chosen=chosen, tapes=work.tapes)
+
+
+def ready_work(*, now, control, sort, share):
+    """The ready work as the database holds it, for a turn policy (policies/turns.py): who has
+    work and how much from the trigger-kept counters, their caps and what they have in flight;
+    the queues themselves are read only as the policy asks (QueuedWork)."""
     backlog = dict(UserBacklog.objects.filter(files__gt=0).values_list("user_id", "files"))
-    if not backlog:
-        return result
-    limits = _limits(backlog, control)
-    params = params_from(control)
+    limits = _limits(backlog, control) if backlog else _Limits(group={}, user_room={}, group_limits={}, in_flight={})
     demands, groups = _demands(backlog, limits)
-    # How far into each user's queue to look: twice the file slots the sharing policy would
-    # grant them, and at least a job's worth (N files, so a whole tape of up to N files fits);
-    # and only for the users whose turn comes first (smallest drive time held for their
-    # weight), until their pools hold twice the slots. This keeps the pools, and the cycle's
-    # cost, in proportion to the slots, not to the users or their backlogs.
-    grants = share.allocate(demands, groups, slots)
-    able = [d for d in demands if min(d.pending, d.room) > 0]
-    if mounts is not None and mounts <= 0:
-        # No drive wants another long mount: only users with little in flight can have a turn
-        # (most cycles of a long backlog; without this they would each gather and order pools
-        # for nothing).
-        able = [d for d in able if limits.in_flight.get(d.user, 0) < control.files_per_job]
-        if not able:
-            return result
-    weights = share.drive_weights(able, groups)
-    held = held_drive_time([d.user for d in able])
-    wanted, total = {}, 0
-    for d in sorted(able, key=lambda d: (_virtual(held[d.user], weights.get(d.user, 0.0)), d.user)):
-        if total >= 2 * slots:
-            break
-        wanted[d.user] = min(d.pending, d.room, slots, max(2 * grants.get(d.user, 0), control.files_per_job))
-        total += wanted[d.user]
-    result.rounds = 1
-    pools = _gather(wanted, defaultdict(list), sort, now, result.tapes)
-    queues = {}
-    for user, n in sorted(wanted.items()):
-        chosen = sort.choose(pools.get(user, []), result.tapes, n, params)
-        runs = [list(run) for _, run in groupby(chosen, key=lambda c: c.tape)]
-        if runs:
-            queues[user] = deque(runs)
-    held = {u: held[u] for u in queues}
-    group_room = {g: room for g, (_, room) in limits.group_limits.items()}
-    def turn(user):
-        # Weighted fair queueing: the next mount goes to the user whose drive time held would
-        # be the smallest for their weight once it is read (the finish tag), not before (the
-        # start tag). With mounts hours long, starting from the tags before would hand every
-        # user a drive in the first round, whatever their weight, and that first round is a
-        # large part of a campaign.
-        return _virtual(held[user] + run_seconds(queues[user][0], result.tapes), weights.get(user, 0.0)), user
-
-    complete = set()  # tapes whose user_files hold every user's count (see _tape_info)
-    heap = [turn(u) for u in queues]
-    heapq.heapify(heap)
-    remaining = slots
-    taken = set()  # requests chosen already (as another user's riders)
-    while heap and remaining > 0:
-        _, user = heapq.heappop(heap)
-        run = [c for c in queues[user].popleft() if c.id not in taken]
-        if not run:
-            if queues[user]:
-                heapq.heappush(heap, turn(user))
-            continue
-        busy = limits.in_flight.get(user, 0) + result.allotments.get(user, 0) + len(run) >= control.files_per_job
-        if mounts is not None and busy and mounts <= 0:
-            continue  # no drive needs another long mount yet: this user's turn waits
-        group = limits.group[user]
-        fit = min(remaining, group_room.get(group, remaining))
-        # A policy that keeps tapes whole needs room for all the user's ready files on the
-        # tape, not only those its pool held (the pool may have been cut by the slots), as far
-        # as the user's and group's caps would ever let them go together; and for the other
-        # users' ready files on it, which ride along in the same mount (a tape two users want
-        # is mounted once, not once per user's turn, hours apart).
-        need = len(run)
-        if sort.whole_tapes:
-            most = min(result.tapes[run[0].tape].user_files.get(user, 0), limits.user_room[user],
-                       limits.group_limits.get(group, (None, need))[1])
-            need = max(need, most)
-        riders = {}
-        if need > fit:
-            if fit <= 0:
-                continue  # this user's group is full: the others go on
-            if result.chosen or need <= most_slots:
-                break  # a whole tape waits for its turn at a later cycle, when slots free up
-            run = run[:fit]
-        elif sort.whole_tapes:
-            _every_user(result.tapes[run[0].tape], complete)
-            riders = _riders(result.tapes[run[0].tape], user, group, len(run), limits, result.allotments,
-                             group_room, remaining - len(run))
-        along = [c for c in _candidates(db.lateral(ON_TAPE_SQL, [(u, run[0].tape, n) for u, n in riders.items()]),
-                                        now) if c.id not in taken] if riders else []
-        seconds = run_seconds(in_read_order([*run, *along], result.tapes) if along else run, result.tapes)
-        for who, theirs in [(user, run), *((u, [c for c in along if c.user == u]) for u in riders)]:
-            if not theirs:
-                continue
-            result.chosen.extend(theirs)
-            taken.update(c.id for c in theirs)
-            result.allotments[who] = result.allotments.get(who, 0) + len(theirs)
-            remaining -= len(theirs)
-            who_group = limits.group[who]
-            if who_group in group_room:
-                group_room[who_group] -= len(theirs)
-            # The mount's drive time is charged to its users by their files on it.
-            held[who] = held.get(who, 0.0) + seconds * len(theirs) / (len(run) + len(along))
-        if mounts is not None and busy:
-            mounts -= 1
-        if queues[user]:
-            heapq.heappush(heap, turn(user))
-    result.held_s = held
-    return result
+    return QueuedWork(demands=demands, groups=groups, in_flight=limits.in_flight, files_per_job=control.files_per_job,
+                      share=share, whole_tapes=sort.whole_tapes, now=now, sort=sort, params=params_from(control))
 
 
-def _riders(tape, user, group, own, limits, allotments, group_room, room):
-    """{other user: how many of their ready requests on `tape` go in `user`'s mount of it (`own`
-    of theirs), within each one's cap, their group's room and the `room` left in the cycle."""
-    riders = {}
-    left = dict(group_room)
-    if group in left:
-        left[group] -= own
-    for other, files in sorted(tape.user_files.items()):
-        if other == user or other not in limits.user_room:
-            continue
-        n = min(files, limits.user_room[other] - allotments.get(other, 0), room)
-        other_group = limits.group[other]
-        if other_group in left:
-            n = min(n, left[other_group])
-        if n > 0:
-            riders[other] = n
-            room -= n
-            if other_group in left:
-                left[other_group] -= n
-    return riders
+class QueuedWork(ReadyWork):
+    """ReadyWork whose readers query the database: per user, per tape index probes bounded by
+    what the policy asks for, never a scan of a queue."""
 
+    def __init__(self, *, now, sort, params, **work):
+        super().__init__(**work)
+        self.now, self.sort, self.params = now, sort, params
+        self.complete = set()  # tapes whose user_files hold every user's count
 
-def _virtual(held_s, weight):
-    # A user of weight 0 comes after every weighted one, by their own drive time.
-    return (0, held_s / weight) if weight > 0 else (1, held_s)
+    def held_drive_time(self, users):
+        return held_drive_time(users)
 
+    def runs(self, allotments):
+        pools = _gather(allotments, self.sort, self.now, self.tapes)
+        runs = {}
+        for user, n in sorted(allotments.items()):
+            chosen = self.sort.choose(pools.get(user, []), self.tapes, n, self.params)
+            runs[user] = [list(run) for _, run in groupby(chosen, key=lambda c: c.tape)]
+        return runs
 
-# A tape of a technology the model does not know is charged as if it were LTO-8 (the newest
-# technology in the shipped workloads): only the relative drive time of users' runs matters.
-FALLBACK_MEDIA = "LTO-8"
+    def every_user_on(self, tape):
+        _every_user(self.tapes[tape], self.complete)
+        return self.tapes[tape].user_files
 
-
-def run_seconds(run, tapes):
-    """The estimated drive time of the mount reading `run` (one tape's candidates, in read
-    order): robot exchange, load, locates, reads, rewind and unload."""
-    media = tapes[run[0].tape].media
-    pre, _ = mount_profile(media if media in MEDIA else FALLBACK_MEDIA, [(c.position, c.size) for c in run],
-                           exchange_s=EXCHANGE_S)
-    return pre[-1]
-
-
-# The robot's cartridge move, fetch and put-back, as the simulated library's default (workloads/README.md).
-EXCHANGE_S = 11.0
+    def on_tape(self, tape, wanted):
+        return _candidates(db.lateral(ON_TAPE_SQL, [(u, tape, n) for u, n in wanted.items()]), self.now)
 
 
 def held_drive_time(users):
@@ -313,10 +195,10 @@ def _candidates(rows, now):
                       age_s=(now - _aware(r[6])).total_seconds(), group=r[7]) for r in rows]
 
 
-def _gather(allotments, taken, sort, now, tapes):
+def _gather(allotments, sort, now, tapes):
     """Each user's candidate pool, bounded by the allotment: the pools the policy asks for,
     then the user's requests on the tapes those pools point at."""
-    keys = [(u, n + len(taken[u])) for u, n in sorted(allotments.items())]
+    keys = sorted(allotments.items())
     pools = defaultdict(dict)
     for name in POOL_SQL:
         if name in sort.pools:

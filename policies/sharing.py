@@ -38,9 +38,9 @@ class GroupLimit:
 class SharePolicy:
     """Base of sharing policies.
 
-    A share is a fraction of the drives' time. The selection step hands out whole tapes (one
+    A share is a fraction of the drives' time. The shipped turn policy hands out whole tapes (one
     mount each) in turn, to the user whose drive time held (planned or on the drives), with
-    that mount added, is the smallest for their weight (policies/selection.py); drive_weights() gives those weights. A
+    that mount added, is the smallest for their weight (policies/turns.py); drive_weights() gives those weights. A
     site's policy need only write allocate(): its weights are then the split allocate() makes
     of a large number of slots between users who could each take them all."""
 

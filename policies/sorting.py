@@ -27,10 +27,10 @@ class TapeInfo:
     bytes: int
     oldest_age_s: float
     # user id -> that user's ready requests on it: the users whose candidates are on it (and
-    # every user, once the selection chose the tape: policies/selection.py, the riders)
+    # every user, once the turn policy chose the tape: policies/turns.py, the riders)
     user_files: dict = field(default_factory=dict)
     # Read orders already worked out this cycle (in_read_order): the same tape's files are
-    # ordered when a policy ranks a pool, when the selection charges a mount, and when claiming
+    # ordered when a policy ranks a pool, when the turn policy charges a mount, and when claiming
     # makes the job; with scattered files the order takes milliseconds a tape.
     orders: dict = field(default_factory=dict, compare=False, repr=False)
 

@@ -1,8 +1,29 @@
-"""A site's own plugins, living outside the core, named in settings by the tests."""
+"""A site's own plugins, living outside the core, named in settings by the tests (and shown
+in docs/plugins.md)."""
+import os
+
+from carousel.loop.delivery import Delivery, DeliveryError
 from carousel.stagers.base import FileStatus, Location
 from carousel.stagers.immediate import ImmediateStager
 from policies.sharing import SharePolicy, water_fill
 from policies.sorting import SortPolicy
+from policies.turns import FairTurns
+
+
+class Symlink(Delivery):
+    """A site's delivery: a symbolic link at the destination to the staged copy, for a stager
+    whose disk buffer users' nodes mount. Throttled per destination directory."""
+
+    def filesystem(self, destination):
+        return os.path.dirname(destination)
+
+    def deliver(self, source, destination):
+        try:
+            os.symlink(source, destination)
+        except FileExistsError as exc:
+            raise DeliveryError(f"{destination} exists already", user_error=True) from exc
+        except OSError as exc:
+            raise DeliveryError(f"cannot link {destination}: {exc.strerror}") from exc
 
 
 class SiteStager(ImmediateStager):
@@ -51,3 +72,26 @@ class Seniority(SharePolicy):
         grants = water_fill([max(0, min(d.pending, d.room)) for d in users], slots,
                             [3 if d.user % 2 else 1 for d in users])
         return {d.user: n for d, n in zip(users, grants) if n}
+
+
+class Elders(SharePolicy):
+    """A site's sharing policy: the oldest account (lowest user id) takes all it may, then the
+    next; so the drives go to the elders first (their weights follow from allocate())."""
+
+    name = "ELDERS"
+
+    def allocate(self, demands, groups, slots):
+        grants = {}
+        for d in sorted(demands, key=lambda d: d.user):
+            grants[d.user] = max(0, min(d.pending, d.room, slots))
+            slots -= grants[d.user]
+        return {user: n for user, n in grants.items() if n}
+
+
+class LargestBacklogFirst(FairTurns):
+    """A site's turn policy: the user with the most ready requests has the next turn, whatever
+    their drive time held or their weight (ties: the lower user id). Whole tapes, riders, caps
+    and the mount budget stay as the shipped policy has them."""
+
+    def tag(self, demand, held_s, weight):
+        return -demand.pending, demand.user

@@ -1,6 +1,7 @@
 """Plugins named in settings, resolved like Django's pluggable backends: a setting maps a name
 to a dotted path, import_string resolves it once, and the cache resets when a test overrides
-the setting."""
+the setting. Each family's registry is filled from the environment by settings.env_plugins;
+how to write each kind is in docs/plugins.md."""
 import functools
 
 from django.core.signals import setting_changed
@@ -26,6 +27,20 @@ def resolve(registry_setting, name):
         raise PluginError(f"{registry_setting}[{name!r}] = {registry[name]!r} does not import: {exc}") from exc
 
 
+def resolve_choice(registry_setting, choice_setting):
+    """The class the setting `choice_setting` names: an entry of the registry `registry_setting`,
+    or a dotted path of its own (as CAROUSEL_PATH_AUTHORIZATION has always allowed)."""
+    from django.conf import settings
+
+    name = getattr(settings, choice_setting)
+    if name not in getattr(settings, registry_setting) and "." in name:
+        try:
+            return import_string(name)
+        except ImportError as exc:
+            raise PluginError(f"{choice_setting} = {name!r} does not import: {exc}") from exc
+    return resolve(registry_setting, name)
+
+
 @functools.cache
 def stager():
     """The configured stager, one instance per process."""
@@ -48,15 +63,14 @@ def delivery():
 def path_authorization():
     """The configured path authorisation (carousel/domain/authz.py): a name in the registry, or a
     dotted path."""
-    from django.conf import settings
+    return resolve_choice("CAROUSEL_PATH_AUTHORIZATIONS", "CAROUSEL_PATH_AUTHORIZATION")()
 
-    name = settings.CAROUSEL_PATH_AUTHORIZATION
-    if name not in settings.CAROUSEL_PATH_AUTHORIZATIONS and "." in name:
-        try:
-            return import_string(name)()
-        except ImportError as exc:
-            raise PluginError(f"CAROUSEL_PATH_AUTHORIZATION = {name!r} does not import: {exc}") from exc
-    return resolve("CAROUSEL_PATH_AUTHORIZATIONS", name)()
+
+@functools.cache
+def turn_policy():
+    """The configured turn-taking policy (policies/turns.py): a name in the registry, or a dotted
+    path; one instance per process."""
+    return resolve_choice("CAROUSEL_TURN_POLICIES", "CAROUSEL_TURN_POLICY")()
 
 
 @receiver(setting_changed)
@@ -66,3 +80,4 @@ def _reset(setting, **kwargs):
         stager.cache_clear()
         delivery.cache_clear()
         path_authorization.cache_clear()
+        turn_policy.cache_clear()

@@ -6,8 +6,9 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Sum
 
 from policies.order import read_order
-from policies.selection import EXCHANGE_S, select
+from policies.selection import select
 from policies.sorting import in_read_order
+from policies.turns import EXCHANGE_S
 
 from carousel.infra.db import insert_rows, update_joined
 from carousel.loop.locating import any_unlocated
@@ -18,7 +19,7 @@ from carousel.stagers.base import JobSpec
 from carousel.tape import MEDIA, mount_profile
 
 
-def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, drives=None):
+def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, drives=None, turns=None):
     """Choose this cycle's requests with the active policies, claim them, group them into
     jobs of at most N files per tape in read order, and commit jobs and claims together.
     Claiming locks with SKIP LOCKED and re-checks the state, so two cycles can never send the
@@ -26,7 +27,8 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     default), less the files planned or in flight, at most `choose_per_cycle`; and no more
     bytes than `byte_budget`, when given. With `drives` (a MountPlanner), the jobs are laid
     out on the drives' chains (carousel/loop/plan.py), and while the backlog is larger than the
-    window only the long mounts the chains lack are chosen (mounts.MOUNTS_AHEAD)."""
+    window only the long mounts the chains lack are chosen (mounts.MOUNTS_AHEAD). `turns`: the turn
+    policy (policies/turns.py), by default the configured one."""
     jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
     window = control.files_per_job * jobs_limit - in_flight
@@ -47,7 +49,7 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     # free up, against the drive time really held.
     mounts = drives.mounts_wanted() if drives is not None and not fits and slots > 0 else None
     selection = select(now=now, control=control, sort=sort, share=share, slots=slots, most_slots=most,
-                       mounts=mounts)
+                       mounts=mounts, turns=turns)
     if byte_budget is not None:
         selection.chosen = _within(selection.chosen, byte_budget)
     if not selection.chosen:
@@ -126,8 +128,8 @@ def _within(chosen, byte_budget):
 
 
 def _estimate(media, files):
-    """A job's estimated drive time, without a plan too: the selection's turns charge it
-    (policies/selection.py). 0 for a technology the model does not know."""
+    """A job's estimated drive time, without a plan too: the turn policy charges it
+    (policies/turns.py). 0 for a technology the model does not know."""
     if media not in MEDIA:
         return 0.0
     pre, _ = mount_profile(media, [(f[2], f[3]) for f in files], exchange_s=EXCHANGE_S)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from django.db import InterfaceError, OperationalError
 from django.db.models import F, Sum
 
-from policies.selection import share_policy, sort_policy
+from policies.selection import share_policy, sort_policy, turn_policy
 
 from carousel.infra import db, queue
 from carousel.loop import health as h
@@ -119,6 +119,7 @@ def _work(*, now, stager, control, state, report):
         StagerHealth.objects.filter(id=1).update(status=status, status_at=now)
         budget = disk_budget(status=status, control=control)
         sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)
+        turns = turn_policy()
     except PluginError as exc:
         # An operator's policy name that no longer resolves: submit nothing, say why.
         report.error = f"scheduling stopped: {exc}"
@@ -132,7 +133,7 @@ def _work(*, now, stager, control, state, report):
     if budget is not None and budget <= 0:
         report.error = f"disk buffer: no room below {control.disk_threshold:.0%} with what is on its way"
     else:
-        jobs = claim_jobs(now=now, control=control, sort=sort, share=share, jobs_limit=state.limit,
+        jobs = claim_jobs(now=now, control=control, sort=sort, share=share, turns=turns, jobs_limit=state.limit,
                           byte_budget=budget, drives=MountPlanner.from_status(status, control))
         report.submitted = sum(len(j.paths) for j in jobs)
         if budget is not None and not jobs:
