@@ -91,7 +91,7 @@ def test_a_registered_name_that_does_not_import_fails_the_system_check(settings)
 
 def test_a_path_authorisation_that_does_not_resolve_fails_the_system_check(settings):
     settings.CAROUSEL_PATH_AUTHORIZATION = "site.nowhere.Rule"
-    assert "carousel.E004" in {e.id for e in run_checks()}
+    assert "carousel.E005" in {e.id for e in run_checks()}
 
 
 def test_the_admin_offers_the_policies_a_site_named(settings, db):

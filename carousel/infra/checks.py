@@ -32,7 +32,7 @@ def plugins_resolve(app_configs, **kwargs):
         try:
             resolve_choice(registry, choice)
         except PluginError as exc:
-            errors.append(Error(str(exc), id="carousel.E004"))
+            errors.append(Error(str(exc), id="carousel.E005"))
     return errors
 
 
