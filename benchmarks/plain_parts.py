@@ -34,12 +34,15 @@ def load_before(ref, path, name):
     return module
 
 
-def compare(named, rounds, calls):
+def compare(named, rounds, calls, reset=None):
     """{name: ms per call}: the median over `rounds` of each function's mean over `calls` calls,
-    the functions taking turns within each round."""
+    the functions taking turns within each round, in the opposite order every other round.
+    `reset`, if given, runs (untimed) before each function's turn."""
     times = {name: [] for name in named}
-    for _ in range(rounds):
-        for name, fn in named.items():
+    for round_ in range(rounds):
+        for name, fn in (list(named.items()) if round_ % 2 == 0 else reversed(named.items())):
+            if reset:
+                reset()
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
@@ -77,14 +80,77 @@ def part_list(args):
     return compare({"before_hand_made": hand_made, "after_plain": plain, "drf_generic": drf}, args.rounds, args.calls)
 
 
-PARTS = {"list": part_list}
+def rolled_back(fn):
+    """fn, its changes undone: every call of it finds the same rows."""
+    from django.db import transaction
+
+    def call():
+        with transaction.atomic():
+            result = fn()
+            transaction.set_rollback(True)
+        return result
+    return call
+
+
+def part_update(args):
+    """A cycle's claim: --claimed queued requests (of --queued) move to SUBMITTED, each taking
+    its job and rank, in one UPDATE joining the list (with the table's triggers); and the
+    same number of pending jobs taking their file counts and estimates."""
+    import random
+    from django.db import connection
+    from django.db.models import F
+    from django.utils import timezone
+
+    from carousel.domain import services
+    from carousel.infra import db as after
+    from carousel.models import ALLOWED_FROM, Job, JobState, RequestState as S, RestoreRequest
+    from load import fill
+
+    fill(args.queued)
+    before = load_before(args.before, "carousel/infra/db.py", "db_before")
+    now = timezone.now()
+    keys = random.Random(1).sample(list(RestoreRequest.objects.filter(state=S.QUEUED).values_list(
+        "path_key", flat=True)), args.claimed)
+    Job.objects.bulk_create([Job(created_at=now) for _ in range(args.claimed)])
+    jobs = list(Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True)[:args.claimed])
+    placed = [(key, jobs[i % len(jobs)], i) for i, key in enumerate(keys)]
+    counts = [(job, 7, 12.5) for job in jobs]
+
+    def claim_before():  # request_transition(..., joined=...) at f444372
+        queryset = RestoreRequest.objects.filter(state=S.QUEUED).filter(state__in=ALLOWED_FROM[S.SUBMITTED])
+        return before.update_joined(queryset, ("path_key",), ("job_id", "job_rank"), placed, state=S.SUBMITTED,
+                                    updated_at=now, submitted_at=now, attempts=F("attempts") + 1)
+
+    def claim_after():
+        return services.request_claim(placed, now=now)
+
+    def jobs_before():
+        return before.update_joined(Job.objects.filter(state=JobState.PENDING), ("id",), ("files", "estimate_s"), counts)
+
+    def jobs_after():
+        return after.update_joined(Job, counts, on=("id",), columns=("files", "estimate_s"),
+                                   where={"state": JobState.PENDING})
+
+    named = {name: rolled_back(fn) for name, fn in [("claim_before", claim_before), ("claim_after", claim_after),
+                                                    ("jobs_before", jobs_before), ("jobs_after", jobs_after)]}
+    assert named["claim_before"]() == named["claim_after"]() == args.claimed
+    assert named["jobs_before"]() == named["jobs_after"]() == len(jobs)
+    def vacuum():  # the dead rows of the rolled-back UPDATEs, which the next ones would walk past
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM carousel_restorerequest, carousel_job")
+
+    return compare(named, args.rounds, max(1, args.calls // 10), reset=vacuum)
+
+
+PARTS = {"list": part_list, "update": part_update}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="+", choices=sorted(PARTS))
     parser.add_argument("--before", default=BEFORE)
-    parser.add_argument("--queued", type=int, default=100_000, help="requests queued (list)")
+    parser.add_argument("--queued", type=int, default=100_000, help="requests queued (list, update)")
+    parser.add_argument("--claimed", type=int, default=750, help="requests claimed in one UPDATE (update)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
