@@ -142,7 +142,40 @@ def part_update(args):
     return compare(named, args.rounds, max(1, args.calls // 10), reset=vacuum)
 
 
-PARTS = {"list": part_list, "update": part_update}
+def part_cache(args):
+    """The shared cache on Redis, per call of a poll: the token's look-up (a GET of a pickled
+    token with its user) and the throttle's count (INCR and EXPIRE in one pipeline)."""
+    import os
+
+    from django.conf import settings
+    from django_redis.cache import RedisCache
+    from rest_framework.authtoken.models import Token
+
+    from api.throttles import AccountRateThrottle
+    from load import fill
+
+    big_token, _ = fill(1000)
+    location, params = os.environ["REDIS_URL"], {"KEY_PREFIX": "carousel"}
+    assert settings.CACHES["default"]["BACKEND"] == "django_redis.cache.RedisCache"
+    hand_made = load_before(args.before, "carousel/infra/cache.py", "cache_before").RedisCache(location, params)
+    throttles_before = load_before(args.before, "api/throttles.py", "throttles_before")
+    django_redis = RedisCache(location, params)
+    token = Token.objects.select_related("user").get(key=big_token)
+    hand_made.set("bench-token", token)
+    django_redis.set("bench-token", token)
+    assert hand_made.get("bench-token") == django_redis.get("bench-token") == token
+
+    before_throttle = throttles_before.AccountRateThrottle()
+    before_throttle.cache = hand_made  # its Redis path, on its own backend
+    after_throttle = AccountRateThrottle()  # the default cache: django-redis (settings.CACHES)
+    assert before_throttle.count("bench-count") + 1 == after_throttle.count("bench-count")
+    return compare({"get_before": lambda: hand_made.get("bench-token"),
+                    "get_after": lambda: django_redis.get("bench-token"),
+                    "throttle_before": lambda: before_throttle.count("bench-count"),
+                    "throttle_after": lambda: after_throttle.count("bench-count")}, args.rounds, args.calls * 10)
+
+
+PARTS = {"list": part_list, "update": part_update, "cache": part_cache}
 
 
 def main():
