@@ -1,16 +1,18 @@
 """Each hand-made part of issue 22 ("Hand-made parts replaced or made plain") against what
 replaced it, both timed in one process, in alternating rounds (a shared machine drifts).
 
-    .venv/bin/python -m carousel.infra.localservices -- .venv/bin/python benchmarks/plain_parts.py list
-    (parts: list, update, cache, token; --before names the commit whose code is "before")
+    .venv/bin/python -m carousel.infra.localservices -- .venv/bin/python benchmarks/plain_parts.py list update cache token
+    (--before names the commit whose code is "before"; default f444372, the base of branch h-plain)
 
 "before" is the module as it was at --before, read with `git show` and loaded beside the
 current one; "after" is the working tree. Each part checks that both give the same answer
-before it times them. Prints, per part, the median over --rounds rounds of the mean time of
-one call; the last line is JSON."""
+before it times them. Prints, per part, the median over --rounds rounds of the mean wall time
+of one call, and its mean CPU time (this process and its PostgreSQL backend: the machine may
+be shared); the last line is JSON."""
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,20 +36,41 @@ def load_before(ref, path, name):
     return module
 
 
+def _cpu_s():
+    """CPU seconds used so far by this process and by its PostgreSQL backend: what the calls
+    cost the machine, whatever else shares it (wall times grow with the machine's load)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    with open(f"/proc/{backend}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return time.process_time() + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def compare(named, rounds, calls, reset=None):
-    """{name: ms per call}: the median over `rounds` of each function's mean over `calls` calls,
-    the functions taking turns within each round, in the opposite order every other round.
-    `reset`, if given, runs (untimed) before each function's turn."""
+    """{name: ms, name_cpu: ms} per call: the median over `rounds` of each function's mean wall
+    time over `calls` calls, and its CPU time (this process and its PostgreSQL backend) over
+    all rounds; the functions take turns within each round, in the opposite order every other
+    round. `reset`, if given, runs (untimed) before each function's turn."""
     times = {name: [] for name in named}
+    cpu = dict.fromkeys(named, 0.0)
     for round_ in range(rounds):
         for name, fn in (list(named.items()) if round_ % 2 == 0 else reversed(named.items())):
             if reset:
                 reset()
+            cpu_start = _cpu_s()
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
             times[name].append((time.perf_counter() - start) / calls * 1000)
-    return {name: round(statistics.median(t), 3) for name, t in times.items()}
+            cpu[name] += _cpu_s() - cpu_start
+    result = {}
+    for name in named:
+        result[name] = round(statistics.median(times[name]), 3)
+        result[f"{name}_cpu"] = round(cpu[name] / (rounds * calls) * 1000, 3)
+    return result
 
 
 def part_list(args):
@@ -135,6 +158,7 @@ def part_update(args):
                                                     ("jobs_before", jobs_before), ("jobs_after", jobs_after)]}
     assert named["claim_before"]() == named["claim_after"]() == args.claimed
     assert named["jobs_before"]() == named["jobs_after"]() == len(jobs)
+
     def vacuum():  # the dead rows of the rolled-back UPDATEs, which the next ones would walk past
         with connection.cursor() as cursor:
             cursor.execute("VACUUM carousel_restorerequest, carousel_job")
@@ -145,8 +169,6 @@ def part_update(args):
 def part_cache(args):
     """The shared cache on Redis, per call of a poll: the token's look-up (a GET of a pickled
     token with its user) and the throttle's count (INCR and EXPIRE in one pipeline)."""
-    import os
-
     from django.conf import settings
     from django_redis.cache import RedisCache
     from rest_framework.authtoken.models import Token
@@ -175,7 +197,37 @@ def part_cache(args):
                     "throttle_after": lambda: after_throttle.count("bench-count")}, args.rounds, args.calls * 10)
 
 
-PARTS = {"list": part_list, "update": part_update, "cache": part_cache}
+def part_token(args):
+    """An API token's look-up when it is cached (every poll after the first): f444372's, kept
+    until a signal forgets it, against the current one, which reads the state of the rows it
+    depends on first; and with no cache at all, what a list poll pays (DRF's query for the token
+    and its user, ModelBackend's two for the permissions, and whether it acts for others)."""
+    from rest_framework.authentication import TokenAuthentication
+
+    from api.authentication import CachedTokenAuthentication
+    from carousel.domain.selectors import acts_for_others
+    from load import fill
+
+    key, _ = fill(1000)
+    signalled = load_before(args.before, "api/authentication.py", "authentication_before").CachedTokenAuthentication()
+    stamped = CachedTokenAuthentication()
+    drf = TokenAuthentication()
+
+    def uncached():
+        user, token = drf.authenticate_credentials(key)
+        user.get_all_permissions()
+        acts_for_others(user)
+        return user, token
+
+    for authentication in (signalled, stamped):
+        authentication.authenticate_credentials(key)  # cached from now on
+    assert signalled.authenticate_credentials(key) == stamped.authenticate_credentials(key) == uncached()
+    return compare({"cached_before": lambda: signalled.authenticate_credentials(key),
+                    "cached_after": lambda: stamped.authenticate_credentials(key),
+                    "uncached": uncached}, args.rounds, args.calls * 4)
+
+
+PARTS = {"list": part_list, "update": part_update, "cache": part_cache, "token": part_token}
 
 
 def main():
