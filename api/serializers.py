@@ -1,15 +1,11 @@
-from types import SimpleNamespace
-from typing import NamedTuple
-
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
-from rest_framework.relations import PKOnlyObject
-from rest_framework.settings import ISO_8601, api_settings
 
 from django.conf import settings
-from django.db import connection
+from django.db import connections
 from django.db.models import CharField, F, Func
 from django.utils import timezone
+from django.utils.duration import duration_string
 
 from carousel.models import Bulk, RequestState, RestoreRequest
 from carousel.domain.paths import check_destination
@@ -88,178 +84,7 @@ class SubmitResultSerializer(serializers.Serializer):
     url = serializers.CharField()
 
 
-def _fast_converter(field):
-    """A function giving what field.to_representation(value) gives for a value that is not
-    None, for the exact DRF field classes whose rule is a one-liner; None for any other field
-    (it keeps its own to_representation). Read once per serializer, i.e. once per page."""
-    kind = type(field)
-    if kind is serializers.IntegerField:
-        return int
-    if kind is serializers.CharField:
-        return str
-    if kind is serializers.ChoiceField:
-        choices = field.choice_strings_to_values
-        return lambda value: value if value == "" else choices.get(str(value), value)
-    if (kind is serializers.DateTimeField and getattr(field, "format", api_settings.DATETIME_FORMAT) == ISO_8601
-            and field.default_timezone() is not None and not hasattr(field, "timezone")):
-        zone = field.default_timezone()  # the request's time zone, as DRF reads it per value
-
-        def iso(value):
-            if isinstance(value, str) or not value:
-                return field.to_representation(value)
-            if not timezone.is_aware(value):
-                return field.to_representation(value)  # make_aware and its checks: DRF's own way
-            try:
-                text = value.astimezone(zone).isoformat()
-            except OverflowError:
-                return field.to_representation(value)  # DRF's error for it
-            return text[:-6] + "Z" if text.endswith("+00:00") else text
-        return iso
-    return None
-
-
-def _same(value):
-    return value
-
-
-_ROW_PLANS = {}  # (serializer class, time zone, database vendor) -> PlainFieldsFirst.row_plan
-
-
-class _RowPlan(NamedTuple):
-    fields: list  # (name, key, convert)
-    names: list  # values() field names
-    annotations: dict  # values() annotations
-
-
-# A timestamptz as DRF writes it in UTC (2026-11-23T18:35:59.860975Z), by the server.
-_UTC_TEXT = "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
-
-
-def _utc_text(text):
-    # isoformat() leaves out a zero fraction of a second; to_char always writes six digits.
-    return text[:-8] + "Z" if text.endswith(".000000Z") else text
-
-
-# DRF fields whose to_representation reads only the value and the field's own options (not the
-# request, not the time zone): a plan kept across requests may hold them.
-_CONTEXT_FREE = {serializers.BigIntegerField, serializers.DurationField, serializers.UUIDField,
-                 serializers.BooleanField, serializers.FloatField, serializers.DecimalField}
-
-
-class PlainFieldsFirst:
-    """Serializer.to_representation with DRF's own rules, minus its per-value look-ups for
-    fields that are a model column of the instance (no dotted source, no relation): they are
-    read with one getattr, and converted by a one-line rule equal to the field's own for the
-    plain field types (integers, text, choices, ISO date-times; _fast_converter). A page of 100
-    requests is rendered on every poll of the list, and DRF's generic attribute walk (a
-    callable check per field per row) and its per-value time zone look-up were most of its
-    cost. Every other field goes through DRF's get_attribute and to_representation, as before."""
-
-    def _plan(self):
-        plan = getattr(self, "_fast_plan", None)
-        if plan is None:
-            columns = {f.attname for f in self.Meta.model._meta.concrete_fields if not f.is_relation}
-            plan = []
-            for field in self._readable_fields:
-                column = (field.source_attrs[0] if len(field.source_attrs) == 1 and field.source_attrs[0] in columns
-                          and not isinstance(field, serializers.RelatedField) else None)
-                plan.append((field, field.field_name, column,
-                             (_fast_converter(field) or field.to_representation) if column else None))
-            self._fast_plan = plan
-        return plan
-
-    def row_plan(self):
-        """The plan of rows_representation: (name, key, convert) per field, key the name values()
-        gives its value under (a column; `fk__column` for a dotted source through a forward
-        foreign key, as user.username; the key column for a primary key related field; the
-        annotation of a date-time formatted by PostgreSQL, see below) or, for a method field,
-        None and the method's name. None if a field has no such value or no one-line rule (the
-        caller then renders model instances). Worked out once per class, time zone and database,
-        not per page: building a ModelSerializer's fields costs more than rendering the rows.
-        So only rules that read nothing of the request are kept.
-
-        In UTC on PostgreSQL a date-time column is read as the text DRF would write, formatted by
-        the server: parsing a page's time stamps into aware datetimes (Django's time zone
-        loader over psycopg's) and writing them back was the largest cost of the page."""
-        utc = settings.USE_TZ and timezone.get_current_timezone_name() == "UTC"
-        key = (type(self), timezone.get_current_timezone() if settings.USE_TZ else None, connection.vendor)
-        plan = _ROW_PLANS.get(key, False)
-        if plan is not False:
-            return plan
-        columns = {f.attname: f for f in self.Meta.model._meta.concrete_fields}
-        fields, annotations, reads = [], {}, set()
-        for field, name, column, _ in self._plan():
-            attrs = field.source_attrs
-            relation = columns.get(f"{attrs[0]}_id") if attrs else None
-            if isinstance(field, serializers.SerializerMethodField):
-                fields.append((name, None, field.method_name))
-                # What the method reads of the row (Meta.row_method_reads), else every column.
-                reads |= set(getattr(self.Meta, "row_method_reads", {}).get(name, columns))
-            elif (isinstance(field, serializers.PrimaryKeyRelatedField) and len(attrs) == 1 and relation
-                  and field.pk_field is None):
-                fields.append((name, relation.attname, _same))
-            elif column is not None or (len(attrs) == 2 and relation and not isinstance(field, serializers.RelatedField)
-                                        and not relation.related_model._meta.get_field(attrs[1]).is_relation):
-                convert = _fast_converter(field) or (field.to_representation if type(field) in _CONTEXT_FREE else None)
-                if convert is None:
-                    _ROW_PLANS[key] = None
-                    return None
-                if (utc and connection.vendor == "postgresql" and column is not None
-                        and type(field) is serializers.DateTimeField):
-                    alias = f"{column}_utc_text"
-                    annotations[alias] = Func(F(column), template=_UTC_TEXT, output_field=CharField())
-                    fields.append((name, alias, _utc_text))
-                else:
-                    fields.append((name, column or "__".join(attrs), convert))
-            else:
-                _ROW_PLANS[key] = None
-                return None
-        pk = self.Meta.model._meta.pk.attname  # the cursor pagination's position
-        names = list(dict.fromkeys([pk, *(k for _, k, _ in fields if k is not None and k not in annotations),
-                                    *sorted(reads)]))
-        plan = _ROW_PLANS[key] = _RowPlan(fields, names, annotations)
-        return plan
-
-    def row_query(self):
-        """values() arguments (names, annotations) giving every value rows_representation reads."""
-        plan = self.row_plan()
-        return plan.names, plan.annotations
-
-    def rows_representation(self, rows):
-        """What to_representation gives for each model instance, from values() rows: a page of
-        the list without building a model instance (and its related ones) per row."""
-        plan = self.row_plan().fields
-        out = []
-        for row in rows:
-            ret = {}
-            instance = None
-            for name, key, convert in plan:
-                if key is not None:
-                    value = row[key]
-                    ret[name] = None if value is None else convert(value)
-                else:
-                    instance = instance or SimpleNamespace(**row)
-                    ret[name] = getattr(self, convert)(instance)
-            out.append(ret)
-        return out
-
-    def to_representation(self, instance):
-        ret = {}
-        for field, name, column, convert in self._plan():
-            if column is not None:
-                attribute = getattr(instance, column)
-                ret[name] = None if attribute is None else convert(attribute)
-                continue
-            try:
-                attribute = field.get_attribute(instance)
-            except serializers.SkipField:
-                continue
-            check = attribute.pk if isinstance(attribute, PKOnlyObject) else attribute
-            ret[name] = None if check is None else field.to_representation(attribute)
-        return ret
-
-
-class RequestSerializer(PlainFieldsFirst, serializers.ModelSerializer):
+class RequestSerializer(serializers.ModelSerializer):
     user = serializers.CharField(source="user.username", read_only=True)
     tape = serializers.CharField(source="tape.label", read_only=True, default=None, allow_null=True,
                                  help_text="the tape's label, null until the file is located")
@@ -272,10 +97,71 @@ class RequestSerializer(PlainFieldsFirst, serializers.ModelSerializer):
                   "deadline", "pin_lifetime", "attempts", "error_class", "last_error", "job",
                   "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at"]
         read_only_fields = fields
-        row_method_reads = {"disk_path": ("state", "staged_path")}  # the list renders from rows
 
     def get_disk_path(self, obj) -> str | None:
         return obj.staged_path or None if obj.state == RequestState.DONE else None
+
+
+# The list of requests is polled all day. A page is read as values() rows and written by
+# request_list_data with RequestSerializer's rules, field by field: a model instance per row
+# (with its user and tape) and DRF's generic field walk were most of a poll's cost.
+# tests/test_list_reads.py checks that both give the same, in UTC and in another time zone.
+_REQUEST_DATES = ("deadline", "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at")
+# A timestamptz as DRF writes it in UTC (2026-11-23T18:35:59.860975Z), written by PostgreSQL.
+_UTC_TEXT = "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+
+
+def request_list_values(queryset):
+    """The values() rows of `queryset` that request_list_data renders. In UTC on PostgreSQL the
+    date-times come as text, formatted by the server: parsing a page's time stamps into aware
+    datetimes and writing them back was the largest cost of the page."""
+    if connections[queryset.db].vendor == "postgresql" and timezone.get_current_timezone_name() == "UTC":
+        dates = {f"shown_{name}": Func(F(name), template=_UTC_TEXT, output_field=CharField())
+                 for name in _REQUEST_DATES}
+    else:
+        dates = {f"shown_{name}": F(name) for name in _REQUEST_DATES}
+    return queryset.values("id", "path", "user__username", "state", "priority", "size", "tape__label", "position",
+                           "destination", "staged_path", "pin_lifetime", "attempts", "error_class", "last_error",
+                           "job_id", **dates)
+
+
+def _date_text(value, zone):
+    """DateTimeField.to_representation: ISO 8601 in the current time zone, UTC written Z."""
+    if value is None:
+        return None
+    if isinstance(value, str):  # by PostgreSQL, which writes a zero fraction that isoformat() leaves out
+        return value[:-8] + "Z" if value.endswith(".000000Z") else value
+    text = value.astimezone(zone).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def request_list_data(rows):
+    """RequestSerializer(instance).data for the request of each row of request_list_values."""
+    zone = timezone.get_current_timezone()
+    return [{
+        "id": row["id"],
+        "path": row["path"],
+        "user": row["user__username"],
+        "state": row["state"],
+        "priority": row["priority"],
+        "size": row["size"],
+        "tape": row["tape__label"],
+        "position": row["position"],
+        "destination": row["destination"],
+        "disk_path": row["staged_path"] or None if row["state"] == RequestState.DONE else None,
+        "deadline": _date_text(row["shown_deadline"], zone),
+        "pin_lifetime": None if row["pin_lifetime"] is None else duration_string(row["pin_lifetime"]),
+        "attempts": row["attempts"],
+        "error_class": row["error_class"],
+        "last_error": row["last_error"],
+        "job": row["job_id"],
+        "created_at": _date_text(row["shown_created_at"], zone),
+        "submitted_at": _date_text(row["shown_submitted_at"], zone),
+        "started_at": _date_text(row["shown_started_at"], zone),
+        "finished_at": _date_text(row["shown_finished_at"], zone),
+        "retry_at": _date_text(row["shown_retry_at"], zone),
+        "updated_at": _date_text(row["shown_updated_at"], zone),
+    } for row in rows]
 
 
 class BulkSerializer(serializers.ModelSerializer):

@@ -5,14 +5,15 @@ DRF's own SimpleRateThrottle keeps, per account, a list of the timestamps of its
 requests and writes the whole list back on every request: at the rates a service account is
 allowed (thousands a minute) that is a large read-modify-write per call, and two workers
 racing on it lose counts. Here each account has one counter per window, incremented
-atomically (Redis INCR), so a request costs one cache round trip whatever the rate: on Redis,
-INCR and EXPIRE go in one pipeline (Django's cache API would take three: add, then incr, which
-itself asks EXISTS before INCR); on other caches (the embedded default's file cache), add and
+atomically (Redis INCR), so a request costs one cache round trip whatever the rate: on Redis
+(django-redis), INCR and EXPIRE go in one pipeline of its client (Django's cache API would take
+two or three: add, then incr); on other caches (the embedded default's file cache), add and
 incr through Django's API."""
 import time
 
-from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
-from django.core.cache.backends.redis import RedisCache
+from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+from django_redis import get_redis_connection
+from django_redis.cache import RedisCache
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -22,7 +23,6 @@ class AccountRateThrottle(SimpleRateThrottle):
     past it, 429 with Retry-After: the seconds until the window ends."""
 
     scope = "account"
-    cache = cache
 
     def get_rate(self):
         # Read at each request, not at import: the rate is a setting (and tests override it).
@@ -48,21 +48,20 @@ class AccountRateThrottle(SimpleRateThrottle):
 
     def count(self, key):
         """Adds one to the window's counter and returns it; the counter outlives its window a little."""
-        # django.core.cache.cache is a proxy: the backend behind it decides.
-        backend = caches[DEFAULT_CACHE_ALIAS] if self.cache is cache else self.cache
+        backend = caches[DEFAULT_CACHE_ALIAS]
         if isinstance(backend, RedisCache):
-            # The key as Django's cache API would write it (prefix, version): cache.get() reads it.
-            key = backend.make_and_validate_key(key)
-            pipeline = backend._cache.get_client(key, write=True).pipeline(transaction=False)
+            # The key as the cache API writes it (prefix, version): cache.get() reads it.
+            key = backend.make_key(key)
+            pipeline = get_redis_connection(DEFAULT_CACHE_ALIAS).pipeline(transaction=False)
             pipeline.incr(key)
             pipeline.expire(key, self.duration + 1)
             return pipeline.execute()[0]
         # add() is a no-op when the counter exists.
-        self.cache.add(key, 0, timeout=self.duration + 1)
+        backend.add(key, 0, timeout=self.duration + 1)
         try:
-            return self.cache.incr(key)
+            return backend.incr(key)
         except ValueError:  # expired between add() and incr()
-            self.cache.add(key, 1, timeout=self.duration + 1)
+            backend.add(key, 1, timeout=self.duration + 1)
             return 1
 
     def wait(self):

@@ -64,14 +64,9 @@ class RequestListCreate(generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
     def list(self, request, *args, **kwargs):
-        # Polled all day by clients: the page is read as values() rows and rendered by the
-        # serializer's own rules, with no model instance (and its user and tape) per row.
-        serializer = self.get_serializer()
-        if serializer.row_plan() is None:
-            return super().list(request, *args, **kwargs)
-        names, annotations = serializer.row_query()
-        page = self.paginate_queryset(self.get_queryset().values(*names, **annotations))
-        return self.get_paginated_response(serializer.rows_representation(page))
+        # Polled all day by clients: the page is read as values() rows (serializers.request_list_data).
+        page = self.paginate_queryset(s.request_list_values(self.get_queryset()))
+        return self.get_paginated_response(s.request_list_data(page))
 
     @extend_schema(request=s.SubmitSerializer, responses={201: s.SubmitResultSerializer},
                    description="Submit one or many paths. All-or-nothing: any bad path refuses the whole list.")

@@ -207,11 +207,12 @@ else:
 CELERY_TASK_IGNORE_RESULT = True
 
 # One cache shared by every process (web workers, Celery): the API's throttles count in it and
-# the Tape REST door keeps the issuers' keys in it. Redis when REDIS_URL is set; else files
-# under var/, which every process of the embedded default sees (a per-process memory cache
-# would let each gunicorn worker count its own throttle).
+# the Tape REST door keeps the issuers' keys in it. Redis when REDIS_URL is set (django-redis:
+# one client per process, and its client for the throttles' pipeline); else files under var/,
+# which every process of the embedded default sees (a per-process memory cache would let each
+# gunicorn worker count its own throttle).
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "carousel.infra.cache.RedisCache", "LOCATION": REDIS_URL,
+    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
                           "KEY_PREFIX": "carousel"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",

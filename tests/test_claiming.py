@@ -15,7 +15,7 @@ from carousel.loop.locating import locate_requests
 from carousel.loop.cycle import run_cycle
 from carousel.models import Control, Job, JobState, RestoreRequest, Transition
 from carousel.loop.mounts import MOUNTS_AHEAD, MountPlanner
-from carousel.domain.services import request_transition, restore_submit
+from carousel.domain.services import request_claim, request_transition, restore_submit
 from carousel.tape import GB
 from policies.selection import share_policy, sort_policy
 from tests.test_plan import library_stager, run_until
@@ -70,13 +70,12 @@ def test_a_joined_transition_moves_only_the_listed_requests_the_transition_allow
     job1, job2 = Job.objects.create(created_at=now), Job.objects.create(created_at=now)
     # a already left the queue: SUBMITTED is not allowed from where it is.
     request_transition(RestoreRequest.objects.filter(id=a.id), "cancelled", now=now)
-    moved = request_transition(RestoreRequest.objects.filter(state="queued"), "submitted", now=now,
-                               joined=(("path_key",), ("job_id", "job_rank"),
-                                       [(a.path_key, job1.id, 0), (b.path_key, job2.id, 5)]))
+    moved = request_claim([(a.path_key, job1.id, 0), (b.path_key, job2.id, 5)], now=now)
     assert moved == 2  # alice's and bob's b
     assert set(RestoreRequest.objects.filter(job=job2).values_list("user__username", "job_rank", "state",
                                                                     "attempts")) == {
         ("alice", 5, "submitted", 1), ("bob", 5, "submitted", 1)}
+    assert set(RestoreRequest.objects.filter(job=job2).values_list("submitted_at", "updated_at")) == {(now, now)}
     a.refresh_from_db()
     c.refresh_from_db()
     assert a.state == "cancelled" and a.job_id is None
@@ -89,11 +88,29 @@ def test_update_joined_matches_on_every_key_field(control, now):
     old, new = Job.objects.create(created_at=now), Job.objects.create(created_at=now)
     same = Job.objects.create(created_at=now, chain="LTO-8/0", after=old)
     other_chain = Job.objects.create(created_at=now, chain="LTO-8/1", after=old)
-    assert db.update_joined(Job.objects.all(), ("chain", "after_id"), ("after_id",), [("LTO-8/0", old.id, new.id)]) == 1
+    assert db.update_joined(Job, [("LTO-8/0", old.id, new.id)], on=("chain", "after_id"), columns=("after_id",)) == 1
     same.refresh_from_db()
     other_chain.refresh_from_db()
     assert same.after_id == new.id and other_chain.after_id == old.id
-    assert db.update_joined(Job.objects.all(), ("chain",), ("after_id",), []) == 0
+    assert db.update_joined(Job, [], on=("chain",), columns=("after_id",)) == 0
+
+
+def test_update_joined_changes_only_the_rows_its_conditions_keep(control, now):
+    old, new = Job.objects.create(created_at=now), Job.objects.create(created_at=now)
+    later = now + timedelta(seconds=1)
+    kept = Job.objects.create(created_at=now, chain="c", after=old, state=JobState.PENDING)
+    sent = Job.objects.create(created_at=now, chain="c", after=old, state=JobState.SENT, sent_at=now)
+    this_cycle = Job.objects.create(created_at=later, chain="c", after=old, state=JobState.PENDING)
+    assert db.update_joined(Job, [("c", old.id, new.id)], on=("chain", "after_id"), columns=("after_id",),
+                            where={"state": [JobState.PENDING, JobState.FAILED]}, exclude={"created_at": later},
+                            assign={"rank": 7}) == 1
+    kept.refresh_from_db()
+    sent.refresh_from_db()
+    this_cycle.refresh_from_db()
+    assert (kept.after_id, kept.rank) == (new.id, 7)
+    assert sent.after_id == this_cycle.after_id == old.id
+    assert db.update_joined(Job, [("c", new.id, old.id)], on=("chain", "after_id"), columns=("after_id",),
+                            where={"state": []}) == 0
 
 
 def test_short_mounts_put_first_keep_each_drive_a_single_line_of_jobs(control, now, alice, bob):
@@ -197,8 +214,7 @@ def test_the_triggers_join_a_large_update_without_a_nested_loop_whatever_the_ses
                         "auto_explain.log_level = notice"):
             cursor.execute(f"SET {setting}")
         cursor.execute("LOAD 'auto_explain'")
-        moved = request_transition(RestoreRequest.objects.filter(state="queued"), "submitted", now=now,
-                                   joined=(("path_key",), ("job_id", "job_rank"), [(k, job.id, 0) for k in keys]))
+        moved = request_claim([(k, job.id, 0) for k in keys], now=now)
         cursor.execute("SET auto_explain.log_min_duration = -1")
     assert moved == 300
     joins = [n for n in notices if "JOIN old_rows o ON o.id = n.id" in n]

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 
-from api.serializers import RequestSerializer
+from api.serializers import RequestSerializer, request_list_data, request_list_values
 from carousel.domain import selectors
 from carousel.loop.cycle import run_cycle
 from carousel.models import RestoreRequest
@@ -50,7 +50,7 @@ def test_the_list_renders_what_drfs_generic_serializer_renders(varied):
     assert {r.state for r in varied} >= {"done", "queued", "cancelled"} or len({r.state for r in varied}) >= 2
     assert any(r.tape_id for r in varied) and any(r.tape_id is None for r in varied)
     assert RequestSerializer(varied, many=True).data == Generic(varied, many=True).data
-    # In another time zone too (the fast date-time rule converts as DRF does).
+    # In another time zone too.
     with timezone.override(zoneinfo.ZoneInfo("America/New_York")):
         fast = RequestSerializer(varied, many=True).data
         assert fast == Generic(varied, many=True).data
@@ -130,20 +130,24 @@ def test_the_list_from_rows_renders_what_the_serializer_renders_from_instances(v
     """The list's page is rendered from values() rows (no model instances); each row must come
     out as RequestSerializer gives it for the instance, in UTC and in another time zone."""
     restore_submit(user=alice, paths=["/l/new"], now=now + timedelta(seconds=20))  # neither located nor sent
+    # A done copy on the stager's disk (disk_path), and an error.
+    RestoreRequest.objects.filter(path="/l/b", state="done").update(staged_path="/disk/l/b")
+    RestoreRequest.objects.filter(path="/l/e").update(error_class="user", last_error="quota")
     varied = list(RestoreRequest.objects.select_related("tape", "user").order_by("id"))
     assert any(r.job_id for r in varied) and any(r.job_id is None for r in varied)
     assert any(r.tape_id for r in varied) and any(r.tape_id is None for r in varied)
-    def rows():
-        names, annotations = RequestSerializer().row_query()
-        return RestoreRequest.objects.order_by("id").values(*names, **annotations)
+    assert any(r.pin_lifetime for r in varied) and any(r.state == "done" and r.staged_path for r in varied)
 
-    assert RequestSerializer().rows_representation(rows()) == RequestSerializer(varied, many=True).data
+    def rows():
+        return request_list_data(request_list_values(RestoreRequest.objects.order_by("id")))
+
+    assert rows() == RequestSerializer(varied, many=True).data
     with timezone.override(zoneinfo.ZoneInfo("America/New_York")):
-        assert RequestSerializer().rows_representation(rows()) == RequestSerializer(varied, many=True).data
+        assert rows() == RequestSerializer(varied, many=True).data
     # A time stamp on a whole second (no fraction), as the server formats it.
     RestoreRequest.objects.filter(path="/l/new").update(created_at=now.replace(microsecond=0))
     varied = list(RestoreRequest.objects.select_related("tape", "user").order_by("id"))
-    assert RequestSerializer().rows_representation(rows()) == RequestSerializer(varied, many=True).data
+    assert rows() == RequestSerializer(varied, many=True).data
     # And the view serves exactly that, newest first.
     listed = as_operator.get(URL).json()["results"]
     assert listed == json.loads(JSONRenderer().render(RequestSerializer(varied[::-1], many=True).data))

@@ -26,16 +26,13 @@ MIN_PIN_LIFETIME = timedelta(seconds=1)
 MAX_PIN_LIFETIME = timedelta(days=365)
 
 
-def request_transition(queryset, to, *, now, joined=None, **fields):
-    """Move the requests of `queryset` to state `to`, guarded: only rows whose current state
-    may lead to `to` change, in one UPDATE, so a lost race changes nothing. Returns the count.
-    The history row is written by the database trigger on the state column. `joined`: (on,
-    columns, rows) for db.update_joined: only the requests that match a row of `rows` on the
-    fields `on` move, each taking that row's values for `columns` (a claim: each file's job
-    and rank), still in one UPDATE."""
+def _stamps(to, now):
+    """What a move to `to` writes beside the state (field -> value), and the fields it counts up by one."""
     stamps = {"updated_at": now}
+    counted = ()
     if to == S.SUBMITTED:
-        stamps.update(submitted_at=now, attempts=F("attempts") + 1)
+        stamps["submitted_at"] = now
+        counted = ("attempts",)
     elif to == S.STAGING:
         stamps["started_at"] = now
     elif to in TERMINAL_STATES:
@@ -47,10 +44,27 @@ def request_transition(queryset, to, *, now, joined=None, **fields):
         # A pin runs from the moment the copy is there (carousel/domain/pins.py); none without a lifetime.
         stamps.update(error_class=ErrorClass.NONE, last_error="",
                       pin_until=ExpressionWrapper(Value(now) + F("pin_lifetime"), output_field=DateTimeField()))
-    queryset = queryset.filter(state__in=ALLOWED_FROM[to])
-    if joined is not None:
-        return db.update_joined(queryset, *joined, state=to, **stamps, **fields)
-    return queryset.update(state=to, **stamps, **fields)
+    return stamps, counted
+
+
+def request_transition(queryset, to, *, now, **fields):
+    """Move the requests of `queryset` to state `to`, guarded: only rows whose current state
+    may lead to `to` change, in one UPDATE, so a lost race changes nothing. Returns the count.
+    The history row is written by the database trigger on the state column."""
+    stamps, counted = _stamps(to, now)
+    counts = {name: F(name) + 1 for name in counted}
+    return queryset.filter(state__in=ALLOWED_FROM[to]).update(state=to, **stamps, **counts, **fields)
+
+
+def request_claim(placed, *, now):
+    """The claim of a cycle: the queued requests for the files of `placed` (path_key, job id,
+    rank in the job) move to SUBMITTED, each taking its file's job and rank, in one UPDATE
+    (db.update_joined); another user's queued request for a claimed file rides in the same job.
+    Guarded and recorded as request_transition's moves are. Returns the count."""
+    stamps, counted = _stamps(S.SUBMITTED, now)
+    return db.update_joined(RestoreRequest, placed, on=("path_key",), columns=("job_id", "job_rank"),
+                            where={"state": ALLOWED_FROM[S.SUBMITTED]}, assign={"state": S.SUBMITTED, **stamps},
+                            increment=counted)
 
 
 def account_for(user):

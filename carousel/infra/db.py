@@ -6,11 +6,9 @@ import zlib
 from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import FullResultSet
 from django.db import connection
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
-from django.db.models.sql import UpdateQuery
 
 
 def is_postgres():
@@ -116,50 +114,65 @@ def lateral(inner_sql, keys):
 _SQLITE_PARAMS = 30_000
 
 
-def update_joined(queryset, on, columns, rows, **fields):
-    """UPDATE the rows of `queryset` that match a row of `rows` on the fields `on`, setting the
-    fields `columns` to that row's values and `fields` as QuerySet.update would (values or
-    expressions). `rows`: tuples of the `on` values then the `columns` values, at most one per
-    key. Returns the count. One statement joining the list, however long: a CASE with a branch
-    per key costs PostgreSQL a second to plan and run for a few hundred keys. PostgreSQL joins
-    unnested arrays; SQLite (3.33+) a VALUES list, in chunks below its parameter limit.
-    `queryset` must filter on its own table only."""
+def update_joined(model, rows, *, on, columns, where=None, exclude=None, assign=None, increment=()):
+    """UPDATE `model`'s table from a list, in one statement however long the list. Each of
+    `rows` (the values of the fields `on`, then of the fields `columns`; one row per key at
+    most) gives its `columns` to the table's rows that match it on every field of `on`, satisfy
+    `where` (field -> value, or a list: one of them) and differ from `exclude` (field -> value).
+    `assign` (field -> value) and `increment` (fields counted up by one) apply to every row changed.
+    Returns the count.
+
+    PostgreSQL joins one unnested array per field; SQLite (3.33+) a VALUES list, in chunks below
+    its parameter limit. A CASE with a branch per key (QuerySet.update, bulk_update) costs
+    PostgreSQL a second to plan and run for a few hundred keys."""
     rows = list(rows)
     if not rows:
         return 0
-    model = queryset.model
-    query = queryset.query
-    if len({alias for alias, n in query.alias_refcount.items() if n}) > 1:
-        raise ValueError("update_joined: the queryset must not join other tables")
-    qn = connection.ops.quote_name
-    table = qn(model._meta.db_table)
-    targets = [model._meta.get_field(name) for name in (*on, *columns)]
+    table = f'"{model._meta.db_table}"'
+    fields = [model._meta.get_field(name) for name in (*on, *columns)]
     names = [f"k{i}" for i in range(len(on))] + [f"c{i}" for i in range(len(columns))]
-    # The SET list as Django writes it, for `fields` and for each column taken from the list;
-    # the WHERE clause is the queryset's own.
-    update = model._base_manager.all().query.chain(UpdateQuery)
-    update.add_update_values({**fields, **{c: RawSQL(f"v.{n}", []) for c, n in zip(columns, names[len(on):])}})
-    set_sql, set_params = update.get_compiler(queryset.db).as_sql()
-    try:
-        where, where_params = query.get_compiler(queryset.db).compile(query.where)
-    except FullResultSet:
-        where, where_params = "1 = 1", []
-    match = " AND ".join(f"{table}.{qn(f.column)} = v.{n}" for f, n in zip(targets, names[:len(on)]))
-    prepared = [[f.get_db_prep_value(value, connection) for f, value in zip(targets, row)] for row in rows]
-    count = 0
+
+    def column(name):
+        return f'"{model._meta.get_field(name).column}"'
+
+    def prepared(name, value):
+        return model._meta.get_field(name).get_db_prep_value(value, connection)
+
+    assignments = [f"{column(c)} = v.{n}" for c, n in zip(columns, names[len(on):])]
+    assignments += [f"{column(name)} = %s" for name in assign or {}]
+    assignments += [f"{column(name)} = {column(name)} + 1" for name in increment]
+    set_params = [prepared(name, value) for name, value in (assign or {}).items()]
+    conditions = [f"{table}.{column(name)} = v.{n}" for name, n in zip(on, names)]
+    where_params = []
+    for name, value in (where or {}).items():
+        if isinstance(value, (list, tuple, set, frozenset)):
+            if not value:
+                return 0
+            conditions.append(f"{table}.{column(name)} IN ({', '.join(['%s'] * len(value))})")
+            where_params += [prepared(name, v) for v in value]
+        else:
+            conditions.append(f"{table}.{column(name)} = %s")
+            where_params.append(prepared(name, value))
+    for name, value in (exclude or {}).items():
+        conditions.append(f"{table}.{column(name)} <> %s")
+        where_params.append(prepared(name, value))
+    head = f"UPDATE {table} SET {', '.join(assignments)} FROM"
+    tail = f"WHERE {' AND '.join(conditions)}"
+    values = [[f.get_db_prep_value(value, connection) for f, value in zip(fields, row)] for row in rows]
     with connection.cursor() as cursor:
         if is_postgres():
-            arrays = ", ".join(f"%s::{f.cast_db_type(connection)}[]" for f in targets)
-            cursor.execute(f"{set_sql} FROM unnest({arrays}) AS v({', '.join(names)}) WHERE {match} AND ({where})",
-                           [*set_params, *map(list, zip(*prepared)), *where_params])
+            arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
+            cursor.execute(f"{head} unnest({arrays}) AS v({', '.join(names)}) {tail}",
+                           [*set_params, *map(list, zip(*values)), *where_params])
             return cursor.rowcount
         one = f"({', '.join(['%s'] * len(names))})"
-        step = max(1, _SQLITE_PARAMS // len(names))
-        for start in range(0, len(prepared), step):
-            chunk = prepared[start:start + step]
-            values = (f"SELECT {', '.join(f'column{i + 1} AS {n}' for i, n in enumerate(names))} "
+        step = max(1, (_SQLITE_PARAMS - len(set_params) - len(where_params)) // len(names))
+        count = 0
+        for start in range(0, len(values), step):
+            chunk = values[start:start + step]
+            listed = (f"SELECT {', '.join(f'column{i + 1} AS {n}' for i, n in enumerate(names))} "
                       f"FROM (VALUES {', '.join([one] * len(chunk))})")
-            cursor.execute(f"{set_sql} FROM ({values}) AS v WHERE {match} AND ({where})",
+            cursor.execute(f"{head} ({listed}) AS v {tail}",
                            [*set_params, *(value for row in chunk for value in row), *where_params])
             count += cursor.rowcount
-    return count
+        return count

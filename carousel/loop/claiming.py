@@ -14,7 +14,7 @@ from carousel.infra.db import insert_rows, update_joined
 from carousel.loop.locating import any_unlocated
 from carousel.models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
 from carousel.loop.mounts import Planned
-from carousel.domain.services import request_transition
+from carousel.domain.services import request_claim
 from carousel.stagers.base import JobSpec
 from carousel.tape import MEDIA, mount_profile
 
@@ -104,10 +104,10 @@ def _merge_into_pending(pieces, tapes, files_per_job, drives):
             estimate = pre[-1]
         counts.append((job, len(files), estimate))
         piece.last_job = job
-    update_joined(Job.objects.filter(state=JobState.PENDING), ("id",), ("files", "estimate_s"), counts)
+    update_joined(Job, counts, on=("id",), columns=("files", "estimate_s"), where={"state": JobState.PENDING})
     # The files the job held keep their job and take their new place in it.
-    update_joined(RestoreRequest.objects.filter(job_id__in=list(joins), state__in=IN_FLIGHT_STATES),
-                  ("path_key",), ("job_rank",), [(key, rank) for key, (_, rank) in placed.items()])
+    update_joined(RestoreRequest, [(key, rank) for key, (_, rank) in placed.items()], on=("path_key",),
+                  columns=("job_rank",), where={"job_id": list(joins), "state": IN_FLIGHT_STATES})
     return placed
 
 
@@ -188,8 +188,8 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     placed = [(key, job, rank_of_key[key]) for key, job in job_of_key.items()]
     taken_back = drives.taken_back if drives is not None else set()
     if taken_back:  # planned again (MountPlanner.lay_out): their requests move to the new jobs
-        update_joined(RestoreRequest.objects.filter(job_id__in=list(taken_back), state__in=IN_FLIGHT_STATES),
-                      ("path_key",), ("job_id", "job_rank"), placed)
+        update_joined(RestoreRequest, placed, on=("path_key",), columns=("job_id", "job_rank"),
+                      where={"job_id": list(taken_back), "state": IN_FLIGHT_STATES})
         Job.objects.filter(id__in=list(taken_back)).delete()
     # A short mount put before the long ones: the long ones that followed what it follows now
     # follow it (and a later short one on the same chain, which follows the earlier one, takes
@@ -204,9 +204,8 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
                 moved.append(before)
             relinked.update(((piece.chain, old), piece.last_job) for old in moved)
             holders.setdefault((piece.chain, piece.last_job), []).extend(moved)
-    update_joined(Job.objects.filter(state=JobState.PENDING, jumps_queue=False).exclude(created_at=now),
-                  ("chain", "after_id"), ("after_id",), [(*key, job) for key, job in relinked.items()])
+    update_joined(Job, [(*key, job) for key, job in relinked.items()], on=("chain", "after_id"), columns=("after_id",),
+                  where={"state": JobState.PENDING, "jumps_queue": False}, exclude={"created_at": now})
     # Other users' queued requests for the same files ride along in the same stage.
-    request_transition(RestoreRequest.objects.filter(state=S.QUEUED), S.SUBMITTED, now=now,
-                       joined=(("path_key",), ("job_id", "job_rank"), placed))
+    request_claim(placed, now=now)
     return [JobSpec(id=str(job.id), paths=[f[0] for f in part]) for job, part in jobs]
