@@ -68,8 +68,12 @@ test: venv client services
 	$(PY) -m carousel.infra.localservices -- $(MAKE) --no-print-directory test-python
 	$(MAKE) --no-print-directory smoke-sqlite compose-check
 
+# pytest once, in parallel (pytest-xdist): twice as many processes as cores, since many tests
+# spend their time waiting on the servers and workers they started; a free worker takes tests
+# from a busy one's queue (worksteal). tests/parallel.py keeps the workers apart.
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 test-python:
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The embedded default must not rot: migrate, submit, one loop cycle, on SQLite.
 smoke-sqlite:

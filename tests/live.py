@@ -15,6 +15,8 @@ import pytest
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
+from tests import parallel
+
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,18 +67,23 @@ def open_dir():
 @pytest.fixture(scope="session")
 def client_venv():
     """The client package installed with pip into a bare virtual environment of Debian's python
-    (no Django), where an unprivileged XRootD can run its programs."""
-    root = Path(tempfile.mkdtemp(prefix="carousel-client-", dir="/tmp"))
-    root.chmod(0o755)
-    source = root / "client"
-    shutil.copytree(ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    (no Django), where an unprivileged XRootD can run its programs. Built once a run, by the
+    first worker that needs it, in the directory the workers share; it is only read."""
+    root = parallel.run_dir() / "client-venv"
     venv = root / "venv"
-    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
-    install = subprocess.run([str(venv / "bin/pip"), "install", "-q", str(source)], capture_output=True, text=True,
-                             timeout=300)
-    assert install.returncode == 0, install.stderr
-    yield venv
-    shutil.rmtree(root, ignore_errors=True)
+    with parallel.file_lock(parallel.run_dir() / "client-venv.lock"):
+        if not (root / "installed").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a build that failed half way
+            source = root / "client"
+            shutil.copytree(ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info",
+                                                                                   "__pycache__"))
+            root.chmod(0o755)
+            subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
+            install = subprocess.run([str(venv / "bin/pip"), "install", "-q", str(source)], capture_output=True,
+                                     text=True, timeout=300)
+            assert install.returncode == 0, install.stderr
+            (root / "installed").touch()
+    return venv
 
 
 @pytest.fixture

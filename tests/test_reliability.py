@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from django.db.models import Count
+from django.utils import timezone
 
 from carousel.infra.localservices import free_port
 from carousel.models import Control, Job, RestoreRequest
@@ -88,6 +89,17 @@ def wait_until_done(worker, timeout):
     pytest.fail(f"not all restored after {timeout} s: {states}\n{worker.output()}")
 
 
+def wait_for_a_cycle(worker, *, since, timeout=60):
+    """Until the worker has run a cycle that began after `since`. Start-up takes about 2 s on a
+    quiet machine and several on a busy one (the suite runs in parallel): what a test does to a
+    running worker is timed from its first cycle, not from its start."""
+    deadline = time.monotonic() + timeout
+    while not Control.objects.filter(id=1, last_cycle_at__gt=since).exists():
+        assert worker.proc.poll() is None, worker.output()
+        assert time.monotonic() < deadline, f"no cycle within {timeout} s of the start\n{worker.output()}"
+        time.sleep(0.1)
+
+
 def stages_per_file(site):
     """How many distinct stage jobs the tape system received for each file."""
     counts = {}
@@ -111,9 +123,11 @@ def test_killing_the_worker_mid_cycle_again_and_again_loses_nothing_and_stages_n
     worker = Worker(tmp_path, site, os.environ["REDIS_URL"])
     try:
         kills = 0
-        for delay in (3.0, 3.6, 2.6, 4.1, 3.3, 2.9):
+        for delay in (1.0, 1.6, 0.6, 2.1, 1.3, 0.9):
+            started = timezone.now()
             worker.start()
-            time.sleep(delay)  # start-up takes about 2 s; then cycles run back to back, and a kill lands in one
+            wait_for_a_cycle(worker, since=started)
+            time.sleep(delay)  # cycles run back to back: a kill lands in one
             worker.kill()
             kills += 1
         assert RestoreRequest.objects.exclude(state="queued").exists(), "no cycle ran between the kills"
@@ -160,6 +174,7 @@ def test_restarting_redis_in_the_middle_of_a_run_loses_nothing(transactional_db,
     assert max(stages_per_file(site).values()) == 1
 
 
+@pytest.mark.runs_alone  # every xdist worker's test database is on that server
 def test_restarting_postgresql_in_the_middle_of_a_run_loses_nothing_and_logs_the_outage_once(
         transactional_db, tmp_path, site, alice, now):
     """The suite's own PostgreSQL server (carousel.infra.localservices) is stopped for a few seconds
@@ -180,8 +195,10 @@ def test_restarting_postgresql_in_the_middle_of_a_run_loses_nothing_and_logs_the
     connections.close_all()
     worker = Worker(tmp_path, site, os.environ["REDIS_URL"])
     try:
+        started = timezone.now()
         worker.start()
-        time.sleep(4)
+        wait_for_a_cycle(worker, since=started)
+        time.sleep(2)
         subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
                        check=True, stdout=subprocess.DEVNULL)
         time.sleep(6)  # twenty ticks of the worker with no database

@@ -127,7 +127,7 @@ def test_unauthenticated_is_401_problem(client):
     assert_problem(client.post(f"{BASE}/stage/", {"files": [{"path": "/a"}]}, content_type="application/json"), 401)
 
 
-@pytest.mark.parametrize("rid", [str(uuid.uuid4()), "not-a-uuid"])
+@pytest.mark.parametrize("rid", [str(uuid.uuid4()), "not-a-uuid"], ids=["a-uuid-nobody-made", "not-a-uuid"])
 def test_unknown_id_is_404(as_alice, rid):
     assert_problem(poll(as_alice, rid), 404)
     assert_problem(as_alice.delete(f"{BASE}/stage/{rid}"), 404)

@@ -73,8 +73,10 @@ def postgres(workdir):
 @contextlib.contextmanager
 def redis(workdir):
     port = free_port()
+    # More than Redis's default 16 databases: the suite gives each pytest-xdist worker one of its
+    # own from 16 up (tests/parallel.py).
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
-                             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+                             "--save", "", "--appendonly", "no", "--databases", "256"], stdout=subprocess.DEVNULL)
     try:
         _wait(lambda: _port_open(port), "redis-server")
         yield f"redis://127.0.0.1:{port}/0", port

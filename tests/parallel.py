@@ -1,0 +1,133 @@
+"""What the suite needs to run in several processes at once (pytest-xdist: `make test` runs it
+with `-n`). pytest.ini loads this plugin first (`-p tests.parallel`), before pytest-django reads
+Django's settings, so that a worker's settings and every process its tests start agree.
+
+Each worker has a test database of its own (pytest-django adds `_gw0`, `_gw1`, ... to its
+name) and, from here, a Redis database of its own: number 16 + its index (localservices starts
+Redis with enough of them; 0 to 15 stay for a run in one process and for the tests that name
+one themselves). The Celery workers a test starts then take only their own test's tasks, and a
+`cache.clear()` empties only its own worker's cache.
+
+The workers of one run share a directory (`run_dir()`, removed at the end of the run), for what
+is built once for all of them and for the locks between them. A test marked `runs_alone` stops
+a server that every worker uses (the suite's PostgreSQL): it waits until no other worker is
+inside a test and holds them off until it is done; they then drop the connections that died
+with the server."""
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+FIRST_WORKER_REDIS_DB = 16
+RUN_DIR = "CAROUSEL_TEST_RUN_DIR"
+
+
+def worker_index():
+    """0, 1, ... in an xdist worker (gw0, gw1, ...); None when the suite runs in one process."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker.removeprefix("gw")) if worker.startswith("gw") else None
+
+
+def run_dir():
+    return Path(os.environ[RUN_DIR])
+
+
+@contextlib.contextmanager
+def file_lock(path, mode=fcntl.LOCK_EX):
+    with open(path, "a") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    index, url = worker_index(), os.environ.get("REDIS_URL")
+    if index is not None and url:
+        os.environ["REDIS_URL"] = urlunsplit(urlsplit(url)._replace(path=f"/{FIRST_WORKER_REDIS_DB + index}"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "runs_alone: stops a server the other xdist workers use, so runs while "
+                                       "they wait")
+    if not hasattr(config, "workerinput"):  # the process that starts the workers, or the only one
+        # Readable by others: an unprivileged XRootD runs programs installed here.
+        path = Path(tempfile.mkdtemp(prefix="carousel-tests-", dir="/tmp"))
+        path.chmod(0o755)
+        os.environ[RUN_DIR] = str(path)  # the workers, started later, inherit it
+        config.stash[_run_dir_key] = path
+
+
+def pytest_unconfigure(config):
+    path = config.stash.get(_run_dir_key, None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop(RUN_DIR, None)
+
+
+_run_dir_key = pytest.StashKey[Path]()
+
+
+class _Turns:
+    """A readers-writer lock between the workers: every test holds `tests` shared, a test that
+    runs alone holds it exclusively. A writer first takes `turnstile`, which readers pass
+    through on their way in, so that a steady stream of tests cannot keep it waiting."""
+
+    def __init__(self, directory):
+        self.turnstile = open(directory / "turnstile.lock", "a")
+        self.tests = open(directory / "tests.lock", "a")
+        self.outages = directory / "outages"
+        self.outages_seen = self._outages()
+
+    def _outages(self):
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            return int(self.outages.read_text())
+        return 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        fcntl.flock(self.tests, fcntl.LOCK_SH)
+        fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        try:
+            if self._outages() != self.outages_seen:  # a server went away while this worker waited
+                from django.db import connections
+
+                connections.close_all()
+                self.outages_seen = self._outages()
+            yield
+        finally:
+            fcntl.flock(self.tests, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def alone(self):
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        fcntl.flock(self.tests, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            self.outages_seen = self._outages() + 1
+            self.outages.write_text(str(self.outages_seen))
+            fcntl.flock(self.tests, fcntl.LOCK_UN)
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+
+
+_turns = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _turns
+    if worker_index() is None:
+        return (yield)
+    if _turns is None:
+        _turns = _Turns(run_dir())
+    with _turns.alone() if item.get_closest_marker("runs_alone") else _turns.shared():
+        return (yield)
