@@ -28,15 +28,20 @@ here), one cycle after another:
 Cycle 0 is the first cycle from the idle system (the figure this benchmark used to report); the
 next --warmup cycles fill the window (N x K = 5,000 requests planned or at the stager, reached
 after about 7 cycles of 750) and bring the first finished mounts; the --cycles after them are
-the steady state, of which the median and the worst are kept. Each cycle prints a line (its
-time, the simulated library's own share of it, what it did and what is in flight). --profile
-writes cProfile's statistics of each pair's steady cycles to DIR and prints their top.
+the steady state, of which the median and the worst are kept. Each cycle prints a line: its
+time; the CPU time this process and the database server's process spent in it (which depends
+far less than the time on the other work of a shared machine); the simulated library's own
+share; what it did and what is in flight. --profile writes cProfile's statistics of each pair's
+steady cycles to DIR and prints their top.
 
 The last line is JSON: `queued` (the largest size), `cycles` (size -> pair -> steady worst, s),
 `steady_worst_s` and `steady_median_s` (at the largest size: the slowest pair's worst, and the
 largest of the pairs' medians), `first_worst_s` (the slowest first cycle at the largest size),
 `growth` (steady worst at the largest size over the smallest), `peak_rss_mb` (the measuring
-processes' largest), and beside them `first`, `medians` (size -> pair -> s) and the settings.
+processes' largest), and beside them `steady_worst_cpu_s` (the most CPU time, this process's and
+the database server's, that a steady cycle took at the largest size), `first`, `medians`,
+`worst_cpu`, `load_average` (size -> pair -> s, or the load at the end of the pair) and the
+settings.
 """
 import argparse
 import cProfile
@@ -225,6 +230,17 @@ def bench_stager(library, clock):
     return BenchStager(library=library, files=Catalogue(), clock=clock)
 
 
+def database_cpu_s():
+    """CPU seconds the server process behind this connection has used (the server runs here)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def measure(pair, *, cycles, warmup, step_s, drives, deliveries_per_step, profile=None):
     from django.db.models import Count
     from django.utils import timezone
@@ -241,7 +257,7 @@ def measure(pair, *, cycles, warmup, step_s, drives, deliveries_per_step, profil
     clock = [0.0]
     stager = bench_stager(library, lambda: clock[0])
     started_at = timezone.now()
-    times, lines = [], []
+    times, cpu, errors = [], [], set()
     profiler = cProfile.Profile() if profile else None
     for k in range(1 + warmup + cycles):
         if k:
@@ -256,18 +272,24 @@ def measure(pair, *, cycles, warmup, step_s, drives, deliveries_per_step, profil
         stager.spent = 0.0
         if profiler and k > warmup:
             profiler.enable()
+        database_before = database_cpu_s()
+        process_before = time.process_time()
         start = time.perf_counter()
         report = run_cycle(now=now, stager=stager)
         elapsed = time.perf_counter() - start
+        process = time.process_time() - process_before
         if profiler:
             profiler.disable()
+        database = database_cpu_s() - database_before
         times.append(elapsed)
+        cpu.append(process + database)
         states = dict(RestoreRequest.objects.exclude(state="queued").order_by().values_list("state")
                       .annotate(n=Count("id")).values_list("state", "n"))
         jobs = dict(Job.objects.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
         in_flight = sum(states.get(s, 0) for s in IN_FLIGHT_STATES)
         phase = "first" if k == 0 else "warm-up" if k <= warmup else "steady"
-        print(f"{queued:>9} {pair:13} {k:3} {phase:7} {elapsed:6.3f} s (library {stager.spent:.3f}): "
+        print(f"{queued:>9} {pair:13} {k:3} {phase:7} {elapsed:6.3f} s (CPU {process:.3f} + database {database:.2f}, "
+              f"library {stager.spent:.3f}): "
               f"claimed {report.submitted}, done {report.done}, failed {report.failed}, retrying {report.retrying}, "
               f"requeued {report.requeued}, preempted {report.preempted}, deliveries started {report.delivering}; "
               f"in flight {in_flight} in {jobs.get('sent', 0)} sent + {jobs.get('pending', 0)} pending jobs, "
@@ -275,18 +297,20 @@ def measure(pair, *, cycles, warmup, step_s, drives, deliveries_per_step, profil
               f"failed {states.get('failed', 0)}, retry {states.get('retry', 0)}"
               f"{', health ' + report.health if report.health != 'healthy' else ''}"
               f"{', ERROR ' + report.error if report.error else ''}", flush=True)
-        lines.append({"s": round(elapsed, 3), "library_s": round(stager.spent, 3), "claimed": report.submitted,
-                      "done": report.done, "failed": report.failed, "in_flight": in_flight,
-                      "delivering": states.get("delivering", 0), "error": report.error})
-    steady = times[1 + warmup:]
+        if report.error:
+            errors.add(report.error)
+    steady, steady_cpu = times[1 + warmup:], cpu[1 + warmup:]
     if profiler:
         profiler.dump_stats(profile)
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"queued": queued, "pair": pair, "first_s": round(times[0], 3),
             "steady_median_s": round(statistics.median(steady), 3), "steady_worst_s": round(max(steady), 3),
+            "steady_worst_cpu_s": round(max(steady_cpu), 3),
+            "steady_median_cpu_s": round(statistics.median(steady_cpu), 3),
+            "load_average": round(os.getloadavg()[0], 1),
             "peak_rss_mb": round(peak, 1), "simulated_s": clock[0],
-            "errors": sorted({line["error"] for line in lines if line["error"]})}
+            "errors": sorted(errors)}
 
 
 def main():
@@ -362,7 +386,9 @@ def run_all(sizes, args):
                 "--step-s", str(args.step_s), "--drives", str(args.drives),
                 "--deliveries-per-step", str(args.deliveries_per_step), *profile)
             print(f"{size:>9} {pair:13} first {r['first_s']:.3f} s, steady median {r['steady_median_s']:.3f} s, "
-                  f"worst {r['steady_worst_s']:.3f} s, peak RSS {r['peak_rss_mb']} MB", flush=True)
+                  f"worst {r['steady_worst_s']:.3f} s (the most CPU a steady cycle took: "
+                  f"{r['steady_worst_cpu_s']:.3f} s), peak RSS {r['peak_rss_mb']} MB, "
+                  f"load average {r['load_average']}", flush=True)
         admin("DROP DATABASE IF EXISTS bench_run")
         admin(f"DROP DATABASE {filled}")
     return results
@@ -382,8 +408,11 @@ def summary(results, sizes, args):
         "first_worst_s": max(r["first_s"] for r in largest),
         "growth": round(worst[sizes[-1]] / worst[sizes[0]], 2) if len(sizes) > 1 and worst[sizes[0]] else None,
         "peak_rss_mb": max(r["peak_rss_mb"] for size in sizes for r in results[size].values()),
+        "steady_worst_cpu_s": max(r["steady_worst_cpu_s"] for r in largest),
         "first": per_pair("first_s"),
         "medians": per_pair("steady_median_s"),
+        "worst_cpu": per_pair("steady_worst_cpu_s"),
+        "load_average": per_pair("load_average"),
         "errors": sorted({e for size in sizes for r in results[size].values() for e in r["errors"]}),
         "settings": {"warmup": args.warmup, "steady_cycles": args.cycles, "step_s": args.step_s,
                      "drives": args.drives, "deliveries_per_step": args.deliveries_per_step},
