@@ -90,3 +90,9 @@ compose-check:
 
 clean:
 	rm -rf $(VENV) var
+
+# Every benchmark (hours), then docs/benchmarks.md rewritten from their results (benchmarks/all.py).
+# BENCH_ARGS="--only cycle ingest" runs some of them; BENCH_ARGS=--render only rewrites the table.
+.PHONY: bench
+bench: venv services
+	$(PY) benchmarks/all.py $(BENCH_ARGS)

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.db.models import Case, F, Max, TextField, Value, When
 
 from carousel.loop import health as h
-from carousel.infra import plugins
+from carousel.infra import db, plugins
 from carousel.loop.failures import count_tape_failures, fail_requests, says_about_tape
 from carousel.models import (
     ACTIVE_STATES, FINISHED_JOB_STATES, IN_FLIGHT_STATES, ErrorClass, Job, JobState, RequestState as S,
@@ -55,10 +55,11 @@ def requeue_orphans(*, now):
     found here by two small queries a cycle rather than a lock every submission would take:
     the jobs of the requests in flight (at most N x K of them), then which of those finished.
     Not one join: on a table the planner believes empty (fresh, or in a test's transaction) it
-    loops over every finished job for each request in flight."""
+    loops over every finished job for each request in flight. The jobs go as one array
+    parameter (db.in_keys): a window of one-file jobs is thousands of them."""
     in_flight_jobs = list(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).order_by()
                           .values_list("job_id", flat=True).distinct())
-    finished = list(Job.objects.filter(id__in=in_flight_jobs, state__in=FINISHED_JOB_STATES)
+    finished = list(Job.objects.filter(db.in_keys("id", in_flight_jobs), state__in=FINISHED_JOB_STATES)
                     .values_list("id", flat=True))
     if not finished:
         return 0
