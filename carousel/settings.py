@@ -211,9 +211,14 @@ CELERY_TASK_IGNORE_RESULT = True
 # one client per process, and its client for the throttles' pipeline); else files under var/,
 # which every process of the embedded default sees (a per-process memory cache would let each
 # gunicorn worker count its own throttle).
+# While Redis is down the cache misses instead of failing (IGNORE_EXCEPTIONS, logged): the
+# API-token look-up falls back to the database and the throttles let calls through, so an
+# outage of the cache alone does not stop the doors (carousel/infra/outages.py).
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
-                          "KEY_PREFIX": "carousel"}}
+                          "KEY_PREFIX": "carousel",
+                          "OPTIONS": {"IGNORE_EXCEPTIONS": True, "SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 2}}}
+    DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
                           "LOCATION": str((VAR_DIR / "cache").resolve())}}
