@@ -83,7 +83,8 @@ class Benchmark:
         return f".venv/bin/python -m carousel.infra.localservices -- {script}" if self.services else script
 
     def argv(self):
-        script = [sys.executable, str(ROOT / "benchmarks" / self.script), *self.args]
+        args = [a.replace("{commit}", git("rev-parse", "--short", "HEAD")) for a in self.args]
+        script = [sys.executable, str(ROOT / "benchmarks" / self.script), *args]
         return [sys.executable, "-m", "carousel.infra.localservices", "--", *script] if self.services else script
 
 
@@ -105,6 +106,11 @@ def cycle_details(result):
     if settings:
         lines += ["", "Settings: " + ", ".join(f"{k} {v}" for k, v in settings.items()) + "."]
     return lines
+
+
+def cpu_growth(result):
+    worst = [max(pairs.values()) for pairs in (result.get("worst_cpu") or {}).values()]
+    return round(worst[-1] / worst[0], 2) if len(worst) > 1 and worst[0] else None
 
 
 def replay_row(result, workload, run):
@@ -166,6 +172,8 @@ BENCHMARKS = [
                 " s"),
          Figure("first cycle from idle at 1,000,000 queued (slowest pair)", "first_worst_s", " s"),
          Figure("growth of the steady worst, 100,000 → 1,000,000 queued", "growth", "×", ("<=", 2.0), 2),
+         Figure("growth of the most CPU time a steady cycle took, 100,000 → 1,000,000 queued", cpu_growth, "×",
+                None, 2),
          Figure("peak RSS of a measuring process", "peak_rss_mb", " MB", ("<=", 300), 1)],
         minutes=20, details=cycle_details),
     Benchmark(
@@ -257,11 +265,11 @@ BENCHMARKS = [
         "The broker, eradat in the broker's read order and eradat, on the nominal library and on libraries "
         "departing from the model by P = 0.3 (seeds 1, 2, 3). Retained: a departed library's speed-up over "
         "eradat as a share of the nominal one, the smallest of the three seeds. `--results` keeps finished "
-        "replays, so an interrupted run goes on where it stopped.",
+        "replays, so an interrupted run on the same commit (`{commit}`) goes on where it stopped.",
         [Figure("bnl-704: retained at P = 0.3", ablation_retained("bnl-704"), "%", (">=", 85), 1),
          Figure("groups: retained at P = 0.3", ablation_retained("groups"), "%", (">=", 85), 1),
          Figure("storm: retained at P = 0.3", ablation_retained("storm"), "%", (">=", 85), 1)],
-        args=["--ablation", "--jobs", "2", "--results", "var/bench/ablation-runs.json"], services=False,
+        args=["--ablation", "--jobs", "2", "--results", "var/bench/ablation-{commit}.json"], services=False,
         minutes=240),
 ]
 BY_NAME = {b.name: b for b in BENCHMARKS}

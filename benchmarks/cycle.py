@@ -107,6 +107,14 @@ class Catalogue:
 
 # The databases ------------------------------------------------------------------------------
 
+def setup_django():
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        sys.exit(f"{sys.argv[0]} needs PostgreSQL: run it under `python -m carousel.infra.localservices --`")
+    import django
+
+    django.setup()
+
+
 def database_url(name):
     parts = urlsplit(os.environ["DATABASE_URL"])
     return urlunsplit(parts._replace(path=f"/{name}"))
@@ -136,7 +144,7 @@ def run_child(database, *args):
 
 
 def prepare():
-    """Migrate the template database; users, groups, tapes and the shipped control row."""
+    """Migrate; users, groups, tapes and the shipped control row (benchmarks/live_page.py too)."""
     from django.contrib.auth.models import Group, User
     from django.core.management import call_command
 
@@ -330,15 +338,11 @@ def main():
     parser.add_argument("--fill", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        sys.exit("benchmarks/cycle.py needs PostgreSQL: run it under `python -m carousel.infra.localservices --`")
     if args.prepare or args.fill or args.measure:
         # The delivery that ships for sites whose users name destinations: a site's command.
         os.environ.update(CAROUSEL_DELIVERY="command",
                           CAROUSEL_DELIVERY_OPTIONS=json.dumps({"command": ["true"], "filesystem_depth": 2}))
-        import django
-
-        django.setup()
+        setup_django()
         if args.prepare:
             print(json.dumps(prepare()))
         elif args.fill:
@@ -350,6 +354,8 @@ def main():
         return
     if args.cycles < 1:
         parser.error("--cycles must be at least 1")
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        sys.exit("benchmarks/cycle.py needs PostgreSQL: run it under `python -m carousel.infra.localservices --`")
     sizes = sorted(set(args.sizes))
     results = run_all(sizes, args)
     print(f"{'pair':13} " + " ".join(f"{f'{size:,} queued: first / median / worst (s)':>42}" for size in sizes))
