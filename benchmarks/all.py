@@ -200,6 +200,16 @@ BENCHMARKS = [
          Figure("server CPU per answer", "server_cpu_ms_per_answer", " ms", None, 2)],
         minutes=4),
     Benchmark(
+        "history", "Requests that do not slow down with history (issue 24)", "history.py",
+        "A one-file stage through each door (native API, Tape REST) and a Tape REST poll, for a user "
+        "with 1,000 past submissions among 1,000,000 finished requests against a user with none, in one "
+        "run; the views, services and PostgreSQL called in-process through Django's test client; "
+        "medians of 21, each path warmed up once.",
+        [Figure("Tape REST stage, with history / fresh", "stage_x_fresh", "×", ("<=", 2.0), 2),
+         Figure("native submit, with history / fresh", "submit_x_fresh", "×", ("<=", 2.0), 2),
+         Figure("Tape REST poll, with history / fresh", "poll_x_fresh", "×", ("<=", 2.0), 2)],
+        minutes=6),
+    Benchmark(
         "tape_rest_poll", "Tape REST polls: GET stage/{id} of a 10,000-file request, 200 clients (issue 10)",
         "tape_rest_poll.py",
         "One stage request of 10,000 files, then `wrk -c200 -d20s` polling it with a bearer token "
