@@ -470,3 +470,23 @@ def test_a_job_carries_its_files_pin_lifetimes_to_the_stager(alice, bob, now):
         lifetimes.update(job.lifetimes)
     # The longest pin of the users who want a file; none for a file nobody pins.
     assert lifetimes == {"/life/a": 3 * 3600, "/life/b": 2 * 3600}
+
+
+@pytest.mark.parametrize("step", ["preempt", "locate_new_work"])
+def test_the_database_going_away_mid_cycle_is_an_outage_not_a_stager_or_preemption_failure(alice, now, monkeypatch,
+                                                                                         step):
+    """A PostgreSQL restart during a step that catches the stager's failures: the cycle ends as a
+    database outage (logged once by the task), not as a refused cut logged with its traceback or
+    a stager judged down (seen as a flaky tests/test_reliability.py run)."""
+    from django.db import OperationalError
+
+    from carousel.loop import cycle
+
+    restore_submit(user=alice, now=now, paths=["/db/a"])
+
+    def gone(**kwargs):
+        raise OperationalError("the connection is closed")
+
+    monkeypatch.setattr(cycle, step, gone)
+    with pytest.raises(OperationalError):
+        run_cycle(now=now, stager=ImmediateStager())

@@ -125,6 +125,8 @@ def _work(*, now, stager, control, state, report):
         report.error = f"scheduling stopped: {exc}"
         log.error(report.error)
         return state
+    except (OperationalError, InterfaceError):
+        raise  # the database is gone, not the stager: run_cycle's caller says so once
     except Exception as exc:  # noqa: BLE001 - judged as the stager down, and said with a traceback
         log_unexpected(exc, "locating or reading the disk buffer")
         return judge_stager(now=now, seen=h.Observation(reachable=False, error=str(exc)), control=control)
@@ -142,6 +144,8 @@ def _work(*, now, stager, control, state, report):
         report.preempted = preempt(now=now, stager=stager, control=control)
     except StagerUnavailable as exc:
         return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"cancel: {exc}"), control=control)
+    except (OperationalError, InterfaceError):
+        raise  # the database is gone: not a refused cut; run_cycle's caller logs the outage once
     except Exception:  # noqa: BLE001 - a cut refused or a bug: the long mount simply runs on
         log.exception("preempting a long mount failed")
     # Jobs committed by this or an interrupted earlier cycle go out now (planned ones once the
