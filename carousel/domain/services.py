@@ -111,8 +111,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
     with transaction.atomic():
         # One write on a user's active requests at a time (a submission, a cancel), so neither
         # the ceiling check nor the duplicates found below can be raced.
-        lock_accounts([user.id])
-        account = Account.objects.get(user=user)
+        (account,) = lock_accounts([user.id])
         # The user's earlier submissions still in the intake are queued first, so that this
         # one's duplicates and ceiling are judged against all of them.
         intake.settle_user(user)
@@ -188,11 +187,13 @@ def lock_accounts(user_ids):
     Every write that decides on a user's active requests takes them first (a submission, a
     cancel), so two such writes of one user are serialised: whichever commits second sees the
     first (a resubmission racing a cancel is either cancelled with it or queued anew, never
-    answered as accepted and then lost)."""
+    answered as accepted and then lost). Returns the locked accounts, in user order."""
     ids = sorted(set(user_ids))
-    for user_id in ids:
-        Account.objects.get_or_create(user_id=user_id)
-    list(Account.objects.select_for_update().filter(user_id__in=ids).order_by("user_id").values_list("id", flat=True))
+    # Accounts are made on first use: one INSERT for the missing ones, if any.
+    missing = set(ids) - set(Account.objects.filter(user_id__in=ids).values_list("user_id", flat=True))
+    if missing:
+        Account.objects.bulk_create([Account(user_id=user_id) for user_id in sorted(missing)], ignore_conflicts=True)
+    return list(Account.objects.select_for_update().filter(user_id__in=ids).order_by("user_id"))
 
 
 def wanted_elsewhere(bulk):
