@@ -194,3 +194,59 @@ def test_every_page_says_when_the_library_is_simulated(settings, client, operato
     for url in ("/", "/restore/", "/live/", "/admin/", "/accounts/login/"):
         page = client.get(url).content.decode()
         assert ("Simulated tape library" in page) is shown, url
+
+
+# Production (PostgreSQL) refuses the published secret key, DEBUG on and no allowed hosts ----------
+
+def _problems(**given):
+    from carousel.infra.deploy import production_problems
+
+    setup = dict(vendor="postgresql", secret_key="a-site-secret", embedded_secret_key="embedded", debug=False,
+                 allowed_hosts=["carousel.example.org"])
+    return production_problems(**{**setup, **given})
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"secret_key": "embedded"}, "Set SECRET_KEY"),
+    ({"debug": True}, "Unset DEBUG"),
+    ({"allowed_hosts": []}, "Set ALLOWED_HOSTS"),
+])
+def test_production_refuses_each_unsafe_setting_and_says_what_to_set(given, says):
+    assert _problems() == []
+    problems = _problems(**given)
+    assert len(problems) == 1 and says in problems[0]
+
+
+def test_the_embedded_default_runs_as_shipped():
+    assert _problems(vendor="sqlite", secret_key="embedded", debug=True, allowed_hosts=[]) == []
+
+
+def test_the_system_check_fires_on_postgresql_with_the_published_key(settings):
+    from django.core.checks import run_checks
+
+    assert "carousel.E006" not in {e.id for e in run_checks()}
+    settings.SECRET_KEY = settings.EMBEDDED_SECRET_KEY
+    settings.ALLOWED_HOSTS = []
+    errors = [e for e in run_checks() if e.id == "carousel.E006"]
+    assert len(errors) == 2 and "SECRET_KEY" in errors[0].msg and "ALLOWED_HOSTS" in errors[1].msg
+
+
+def _without_secret(**env):
+    env = _clean_env(DATABASE_URL=os.environ["DATABASE_URL"], **env)
+    env.pop("SECRET_KEY", None)
+    return env
+
+
+def test_migrate_refuses_to_start_on_postgresql_with_the_published_key(tmp_path):
+    done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, capture_output=True,
+                          text=True, env=_without_secret(CAROUSEL_VAR_DIR=str(tmp_path)), timeout=120)
+    assert done.returncode != 0 and "carousel.E006" in done.stderr and "Set SECRET_KEY" in done.stderr, done.stderr
+
+
+def test_gunicorns_application_and_the_worker_refuse_the_published_key(tmp_path):
+    wsgi = subprocess.run([sys.executable, "-c", "import carousel.wsgi"], cwd=ROOT, capture_output=True, text=True,
+                          env=_without_secret(CAROUSEL_VAR_DIR=str(tmp_path)), timeout=60)
+    assert wsgi.returncode != 0 and "Set SECRET_KEY" in wsgi.stderr, wsgi.stderr
+    worker = _celery("worker", tmp_path, DATABASE_URL=os.environ["DATABASE_URL"], SECRET_KEY="",
+                     CAROUSEL_STAGER="simulated")
+    assert worker.returncode == 2 and "Set SECRET_KEY" in worker.stderr, worker.stderr

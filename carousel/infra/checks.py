@@ -3,6 +3,7 @@ from django.core.checks import Error, Tags, register
 from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
+from carousel.infra.deploy import configured_production_problems
 from carousel.infra.plugins import PluginError, resolve, resolve_choice
 
 REGISTRIES = ("CAROUSEL_STAGERS", "CAROUSEL_SORT_POLICIES", "CAROUSEL_SHARE_POLICIES", "CAROUSEL_DELIVERIES",
@@ -34,6 +35,15 @@ def plugins_resolve(app_configs, **kwargs):
         except PluginError as exc:
             errors.append(Error(str(exc), id="carousel.E005"))
     return errors
+
+
+@register(Tags.security)
+def production_settings(app_configs, **kwargs):
+    """On PostgreSQL (production), `migrate`, `runserver` and every command that checks refuse the
+    published secret key, DEBUG on and an empty ALLOWED_HOSTS; gunicorn and Celery refuse the
+    same (carousel/wsgi.py, carousel/celery.py: deploy.refuse_unsafe_production)."""
+    return [Error(problem, hint="DATABASE_URL names PostgreSQL, so this is a production start (docs/operations.md).",
+                  id="carousel.E006") for problem in configured_production_problems()]
 
 
 # The rows the database keeps by trigger (carousel/migrations/0002_triggers.py) and, for each,
