@@ -4,7 +4,7 @@ from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
 from carousel.infra.deploy import configured_production_problems
-from carousel.infra.plugins import PluginError, resolve, resolve_choice
+from carousel.infra.plugins import PluginError, build_stager, resolve, resolve_choice
 
 REGISTRIES = ("CAROUSEL_STAGERS", "CAROUSEL_SORT_POLICIES", "CAROUSEL_SHARE_POLICIES", "CAROUSEL_DELIVERIES",
               "CAROUSEL_PATH_AUTHORIZATIONS", "CAROUSEL_TURN_POLICIES")
@@ -35,6 +35,23 @@ def plugins_resolve(app_configs, **kwargs):
         except PluginError as exc:
             errors.append(Error(str(exc), id="carousel.E005"))
     return errors
+
+
+@register()
+def stager_builds(app_configs, **kwargs):
+    """The configured stager is built from its options, so a missing or refused option (tape-rest
+    without its `url`) fails at start, not at every cycle. Its constructor only checks and keeps
+    its options (docs/plugins.md): nothing is asked of the tape system here."""
+    try:
+        resolve("CAROUSEL_STAGERS", settings.CAROUSEL_STAGER)
+    except PluginError:
+        return []  # carousel.E001 or E002 says so
+    try:
+        build_stager()
+    except PluginError as exc:
+        return [Error(str(exc), hint="Set CAROUSEL_STAGER_OPTIONS to the options the stager's class takes "
+                                     "(carousel/stagers/, docs/plugins.md).", id="carousel.E007")]
+    return []
 
 
 @register(Tags.security)
