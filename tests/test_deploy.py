@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.test import Client
 from rest_framework.authtoken.models import Token
@@ -250,3 +251,52 @@ def test_gunicorns_application_and_the_worker_refuse_the_published_key(tmp_path)
     worker = _celery("worker", tmp_path, DATABASE_URL=os.environ["DATABASE_URL"], SECRET_KEY="",
                      CAROUSEL_STAGER="simulated")
     assert worker.returncode == 2 and "Set SECRET_KEY" in worker.stderr, worker.stderr
+
+
+# Every setting the README documents reaches the compose file's processes ------------------------
+
+def readme_settings():
+    """The environment variables named in the first column of the README's configuration table."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    table = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            names.update(re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1]))
+    return names
+
+
+def test_the_compose_file_passes_through_every_setting_the_readme_documents():
+    documented = readme_settings()
+    assert {"SECRET_KEY", "DEBUG", "EMAIL_HOST", "EMAIL_HOST_PASSWORD", "DEFAULT_FROM_EMAIL",
+            "CAROUSEL_WLCG_ISSUERS"} <= documented
+    out = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"],
+                         env=_clean_env(SECRET_KEY="compose-test", EMAIL_HOST="smtp.example.org", CAROUSEL_TICK_S="5"),
+                         capture_output=True, text=True, check=True)
+    services = yaml.safe_load(out.stdout)["services"]
+    for name in LOOP_SERVICES:
+        assert documented - set(services[name]["environment"]) == set(), name
+    # What the operator sets reaches the processes; what it leaves unset stays unset (the default).
+    env = services["worker"]["environment"]
+    assert env["EMAIL_HOST"] == "smtp.example.org" and str(env["CAROUSEL_TICK_S"]) == "5"
+    assert env["CAROUSEL_TOKEN_CACHE_SECONDS"] is None
+
+
+def test_email_settings_come_from_the_environment(monkeypatch):
+    from tests.test_plugins import settings_from_environment
+
+    embedded = settings_from_environment(monkeypatch)
+    assert embedded["EMAIL_BACKEND"] == "django.core.mail.backends.console.EmailBackend"
+    configured = settings_from_environment(
+        monkeypatch, EMAIL_HOST="smtp.example.org", EMAIL_PORT="587", EMAIL_USE_TLS="1", EMAIL_HOST_USER="carousel",
+        EMAIL_HOST_PASSWORD="s3cret", DEFAULT_FROM_EMAIL="Carousel <carousel@example.org>")
+    assert configured["EMAIL_BACKEND"] == "django.core.mail.backends.smtp.EmailBackend"
+    assert (configured["EMAIL_HOST"], configured["EMAIL_PORT"], configured["EMAIL_USE_TLS"],
+            configured["EMAIL_USE_SSL"]) == ("smtp.example.org", 587, True, False)
+    assert (configured["EMAIL_HOST_USER"], configured["EMAIL_HOST_PASSWORD"]) == ("carousel", "s3cret")
+    assert configured["DEFAULT_FROM_EMAIL"] == "Carousel <carousel@example.org>"
+    monkeypatch.setenv("EMAIL_USE_SSL", "1")
+    with pytest.raises(ImproperlyConfigured, match="exclusive"):
+        settings_from_environment(monkeypatch)
