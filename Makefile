@@ -81,7 +81,8 @@ smoke-sqlite:
 	@rm -rf var/smoke
 	env -u DATABASE_URL -u REDIS_URL CAROUSEL_VAR_DIR=var/smoke $(PY) manage.py smoke
 
-# Valid, and its default stager reads (simulated) tape: never `immediate` (tests/test_deploy.py checks more).
+# Valid, and its default stager reads (simulated) tape: never `immediate` (tests/test_deploy.py checks more:
+# among others, that it passes through every setting of the README's configuration table).
 compose-check:
 	env -u CAROUSEL_STAGER SECRET_KEY=compose-check docker-compose -f docker-compose.yml config > /dev/null
 	@stagers=$$(env -u CAROUSEL_STAGER SECRET_KEY=compose-check docker-compose -f docker-compose.yml config \

@@ -4,8 +4,8 @@ from django.contrib import admin, messages
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
-
-
+from rest_framework.authtoken.admin import TokenAdmin
+from rest_framework.authtoken.models import TokenProxy
 
 from carousel.domain import services
 from carousel.tasks import withdraw_on_commit
@@ -34,6 +34,55 @@ admin.site.unregister(Group)
 @admin.register(User)
 class CarouselUserAdmin(UserAdmin):
     inlines = [AccountInline]
+
+
+def masked_key(key):
+    """An API token's key as shown to one who may not change the token: enough to tell two apart,
+    not enough to use."""
+    return f"{key[:4]}{'•' * 8}"
+
+
+admin.site.unregister(TokenProxy)
+
+
+@admin.register(TokenProxy)
+class CarouselTokenAdmin(TokenAdmin):
+    """DRF's token admin, but a token's key is shown only to those who may change the token: a
+    viewer (an operator with the view permission alone) sees it masked, in the list, on the
+    token's page, in its title and its history. A key is a password: whoever reads it acts as
+    its user."""
+
+    @admin.display(description="key")
+    def shown_key(self, token):
+        return token.key
+
+    @admin.display(description="key")
+    def hidden_key(self, token):
+        return masked_key(token.key)
+
+    def _key_column(self, request, token=None):
+        return "shown_key" if self.has_change_permission(request, token) else "hidden_key"
+
+    def get_list_display(self, request):
+        return (self._key_column(request), "user", "created")
+
+    def get_fields(self, request, obj=None):
+        return ("user",) if obj is None else ("user", self._key_column(request, obj))
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("shown_key", "hidden_key")
+
+    def get_object(self, request, object_id, from_field=None):
+        token = super().get_object(request, object_id, from_field)
+        if token is not None and not self.has_change_permission(request, token):
+            # The page's title, breadcrumbs and history name the token by its key (Token.__str__):
+            # this viewer's copy carries the masked key. Never saved: viewing cannot save.
+            token.key = masked_key(token.key)
+        return token
+
+    def delete_model(self, request, obj):
+        # By its user, not its key: one who may delete but not change holds the masked copy.
+        type(obj).objects.filter(user=obj.user).delete()
 
 
 class PathPrefixInline(admin.TabularInline):

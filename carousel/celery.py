@@ -65,12 +65,14 @@ def unbind_cycle_id(task=None, **kwargs):
 @signals.worker_init.connect
 @signals.beat_init.connect
 def refuse_faking_stager(**kwargs):
-    """The loop's processes do not start on a stager that fakes restores unless told to."""
+    """The loop's processes do not start on a stager that fakes restores unless told to, nor on
+    PostgreSQL with the published secret key, DEBUG on or no allowed hosts (carousel.E006)."""
     from django.core.exceptions import ImproperlyConfigured
 
-    from carousel.infra.deploy import check_loop_stager
+    from carousel.infra.deploy import check_loop_stager, refuse_unsafe_production
 
     try:
+        refuse_unsafe_production()
         check_loop_stager()
     except ImproperlyConfigured as exc:
         # Celery logs and swallows a handler's exception; SystemExit stops the process.

@@ -2,6 +2,7 @@
 SQLite in var/ and Celery on kombu's filesystem transport, so no server is needed."""
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -15,13 +16,16 @@ def env_bool(name, default=False):
     return os.environ.get(name, str(default)).lower() in ("1", "true", "yes", "on")
 
 
-SECRET_KEY = os.environ.get("SECRET_KEY", "carousel-embedded-insecure-key-set-SECRET_KEY-in-production")
-DEBUG = env_bool("DEBUG", False)
-ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
-
-
 def env_list(name):
     return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+# Published with the code, so fit only for the embedded default: on PostgreSQL the system check
+# carousel.E006 refuses to start with it, with DEBUG on or with no ALLOWED_HOSTS (carousel/infra/deploy.py).
+EMBEDDED_SECRET_KEY = "carousel-embedded-insecure-key-set-SECRET_KEY-in-production"
+SECRET_KEY = os.environ.get("SECRET_KEY") or EMBEDDED_SECRET_KEY
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS") if "ALLOWED_HOSTS" in os.environ else ["127.0.0.1", "localhost", "[::1]"]
 
 
 def env_plugins(name, shipped):
@@ -61,6 +65,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
+    "axes",
     "carousel",
     "policies",
     "api",
@@ -77,6 +82,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Answers a locked-out login with the lockout page (django-axes, AUTHENTICATION_BACKENDS).
+    "axes.middleware.AxesMiddleware",
     # Last, so that it sees what escapes the views: an outage answers 503 with Retry-After.
     "carousel.infra.outages.OutageMiddleware",
 ]
@@ -132,6 +139,20 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
 
 AUTH_PASSWORD_VALIDATORS = []
+# Failed logins are limited (django-axes): after AXES_FAILURE_LIMIT failures for one user name from
+# one address, that pair is refused, even with the right password, until the cool-off has passed.
+# Locking by the pair, not by the name alone, keeps a stranger from locking a user out from afar.
+# The admin's and the pages' login forms go through authenticate(), so through axes; the API's
+# tokens and WLCG JWTs never do, and are not counted.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -145,8 +166,21 @@ WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 
-EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
-DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "carousel@localhost")
+# Completion notices: sent by SMTP once EMAIL_HOST is set, else written to the log (the console
+# backend), so the embedded default needs no mail server.
+EMAIL_HOST = os.environ.get("EMAIL_HOST") or "localhost"
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND") or (
+    "django.core.mail.backends.smtp.EmailBackend" if os.environ.get("EMAIL_HOST")
+    else "django.core.mail.backends.console.EmailBackend")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT") or "25")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS")  # STARTTLS, usually on port 587
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL")  # TLS from the first byte, usually on port 465
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL are exclusive: set one (STARTTLS on port 587, or "
+                               "TLS from the start on port 465)")
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL") or "carousel@localhost"
 # Notices go out from the cycle: a mail server that hangs must not hold the loop for long.
 EMAIL_TIMEOUT = 10
 # The broker's public address, for links in notices (e.g. https://carousel.example.org).

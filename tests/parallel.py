@@ -47,6 +47,12 @@ def file_lock(path, mode=fcntl.LOCK_EX):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# On PostgreSQL the published default secret key is refused (carousel.E006): a run with its own
+# DATABASE_URL, outside carousel.infra.localservices (which sets one), gets a secret of its own,
+# here before Django reads its settings, so that the servers and workers the tests start have it.
+os.environ.setdefault("SECRET_KEY", "carousel-test-suite-" + os.urandom(24).hex())
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     index, url = worker_index(), os.environ.get("REDIS_URL")

@@ -126,3 +126,41 @@ def test_a_groups_drive_allocation_is_set_in_the_admin(as_staff, charlie):
     assert post(1, 2).status_code == 302
     share.refresh_from_db()
     assert (share.reserved_drives, share.max_drives, share.weight) == (1, 2, 2.0)
+
+
+# API tokens: a key is a password, shown only to those who may change the token ---------------
+
+def _token_viewer(client, *, change=False):
+    from django.contrib.auth.models import Permission
+
+    from tests.conftest import make_user
+
+    viewer = make_user("viewer", staff=True)
+    codenames = ["view_tokenproxy"] + (["change_tokenproxy"] if change else [])
+    viewer.user_permissions.add(*Permission.objects.filter(content_type__app_label="authtoken",
+                                                           codename__in=codenames))
+    client.force_login(viewer)
+    return client
+
+
+def test_a_view_only_operator_sees_api_keys_masked(client, alice):
+    from rest_framework.authtoken.models import Token
+
+    key = Token.objects.create(user=alice).key
+    as_viewer = _token_viewer(client)
+    for url in ("/admin/authtoken/tokenproxy/", f"/admin/authtoken/tokenproxy/{alice.pk}/change/",
+                f"/admin/authtoken/tokenproxy/{alice.pk}/history/"):
+        page = as_viewer.get(url)
+        assert page.status_code == 200, url
+        assert key not in page.content.decode(), url
+        assert key[:4] + "•" in page.content.decode(), url
+    assert Token.objects.get(user=alice).key == key
+
+
+def test_one_who_may_change_a_token_sees_its_key(client, alice):
+    from rest_framework.authtoken.models import Token
+
+    key = Token.objects.create(user=alice).key
+    as_changer = _token_viewer(client, change=True)
+    for url in ("/admin/authtoken/tokenproxy/", f"/admin/authtoken/tokenproxy/{alice.pk}/change/"):
+        assert key in as_changer.get(url).content.decode(), url

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.test import Client
 from rest_framework.authtoken.models import Token
@@ -194,3 +195,108 @@ def test_every_page_says_when_the_library_is_simulated(settings, client, operato
     for url in ("/", "/restore/", "/live/", "/admin/", "/accounts/login/"):
         page = client.get(url).content.decode()
         assert ("Simulated tape library" in page) is shown, url
+
+
+# Production (PostgreSQL) refuses the published secret key, DEBUG on and no allowed hosts ----------
+
+def _problems(**given):
+    from carousel.infra.deploy import production_problems
+
+    setup = dict(vendor="postgresql", secret_key="a-site-secret", embedded_secret_key="embedded", debug=False,
+                 allowed_hosts=["carousel.example.org"])
+    return production_problems(**{**setup, **given})
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"secret_key": "embedded"}, "Set SECRET_KEY"),
+    ({"debug": True}, "Unset DEBUG"),
+    ({"allowed_hosts": []}, "Set ALLOWED_HOSTS"),
+])
+def test_production_refuses_each_unsafe_setting_and_says_what_to_set(given, says):
+    assert _problems() == []
+    problems = _problems(**given)
+    assert len(problems) == 1 and says in problems[0]
+
+
+def test_the_embedded_default_runs_as_shipped():
+    assert _problems(vendor="sqlite", secret_key="embedded", debug=True, allowed_hosts=[]) == []
+
+
+def test_the_system_check_fires_on_postgresql_with_the_published_key(settings):
+    from django.core.checks import run_checks
+
+    assert "carousel.E006" not in {e.id for e in run_checks()}
+    settings.SECRET_KEY = settings.EMBEDDED_SECRET_KEY
+    settings.ALLOWED_HOSTS = []
+    errors = [e for e in run_checks() if e.id == "carousel.E006"]
+    assert len(errors) == 2 and "SECRET_KEY" in errors[0].msg and "ALLOWED_HOSTS" in errors[1].msg
+
+
+def _without_secret(**env):
+    env = _clean_env(DATABASE_URL=os.environ["DATABASE_URL"], **env)
+    env.pop("SECRET_KEY", None)
+    return env
+
+
+def test_migrate_refuses_to_start_on_postgresql_with_the_published_key(tmp_path):
+    done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, capture_output=True,
+                          text=True, env=_without_secret(CAROUSEL_VAR_DIR=str(tmp_path)), timeout=120)
+    assert done.returncode != 0 and "carousel.E006" in done.stderr and "Set SECRET_KEY" in done.stderr, done.stderr
+
+
+def test_gunicorns_application_and_the_worker_refuse_the_published_key(tmp_path):
+    wsgi = subprocess.run([sys.executable, "-c", "import carousel.wsgi"], cwd=ROOT, capture_output=True, text=True,
+                          env=_without_secret(CAROUSEL_VAR_DIR=str(tmp_path)), timeout=60)
+    assert wsgi.returncode != 0 and "Set SECRET_KEY" in wsgi.stderr, wsgi.stderr
+    worker = _celery("worker", tmp_path, DATABASE_URL=os.environ["DATABASE_URL"], SECRET_KEY="",
+                     CAROUSEL_STAGER="simulated")
+    assert worker.returncode == 2 and "Set SECRET_KEY" in worker.stderr, worker.stderr
+
+
+# Every setting the README documents reaches the compose file's processes ------------------------
+
+def readme_settings():
+    """The environment variables named in the first column of the README's configuration table."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    table = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            names.update(re.findall(r"`([A-Z][A-Z0-9_]+)`", line.split("|")[1]))
+    return names
+
+
+def test_the_compose_file_passes_through_every_setting_the_readme_documents():
+    documented = readme_settings()
+    assert {"SECRET_KEY", "DEBUG", "EMAIL_HOST", "EMAIL_HOST_PASSWORD", "DEFAULT_FROM_EMAIL",
+            "CAROUSEL_WLCG_ISSUERS"} <= documented
+    out = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"],
+                         env=_clean_env(SECRET_KEY="compose-test", EMAIL_HOST="smtp.example.org", CAROUSEL_TICK_S="5"),
+                         capture_output=True, text=True, check=True)
+    services = yaml.safe_load(out.stdout)["services"]
+    for name in LOOP_SERVICES:
+        assert documented - set(services[name]["environment"]) == set(), name
+    # What the operator sets reaches the processes; what it leaves unset stays unset (the default).
+    env = services["worker"]["environment"]
+    assert env["EMAIL_HOST"] == "smtp.example.org" and str(env["CAROUSEL_TICK_S"]) == "5"
+    assert env["CAROUSEL_TOKEN_CACHE_SECONDS"] is None
+
+
+def test_email_settings_come_from_the_environment(monkeypatch):
+    from tests.test_plugins import settings_from_environment
+
+    embedded = settings_from_environment(monkeypatch)
+    assert embedded["EMAIL_BACKEND"] == "django.core.mail.backends.console.EmailBackend"
+    configured = settings_from_environment(
+        monkeypatch, EMAIL_HOST="smtp.example.org", EMAIL_PORT="587", EMAIL_USE_TLS="1", EMAIL_HOST_USER="carousel",
+        EMAIL_HOST_PASSWORD="s3cret", DEFAULT_FROM_EMAIL="Carousel <carousel@example.org>")
+    assert configured["EMAIL_BACKEND"] == "django.core.mail.backends.smtp.EmailBackend"
+    assert (configured["EMAIL_HOST"], configured["EMAIL_PORT"], configured["EMAIL_USE_TLS"],
+            configured["EMAIL_USE_SSL"]) == ("smtp.example.org", 587, True, False)
+    assert (configured["EMAIL_HOST_USER"], configured["EMAIL_HOST_PASSWORD"]) == ("carousel", "s3cret")
+    assert configured["DEFAULT_FROM_EMAIL"] == "Carousel <carousel@example.org>"
+    monkeypatch.setenv("EMAIL_USE_SSL", "1")
+    with pytest.raises(ImproperlyConfigured, match="exclusive"):
+        settings_from_environment(monkeypatch)

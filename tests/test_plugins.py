@@ -133,3 +133,49 @@ def test_a_sorting_and_a_sharing_policy_named_in_the_environment_run_the_cycle(m
     settings.CAROUSEL_SHARE_POLICIES = fresh["CAROUSEL_SHARE_POLICIES"]
     # The site's pair: alice, the elder, takes both slots, her newest files first.
     assert sent_in_a_cycle("NEWEST", "ELDERS") == ["/alice/1", "/alice/2"]
+
+
+# A stager whose options it refuses: `check` fails at start, and a cycle reports it down ---------
+
+@pytest.mark.parametrize("stager, options, says", [
+    ("tape-rest", {}, "url"),
+    ("tape-rest", {"url": "tape.example.org:8443"}, "url must be"),
+    ("simulated", {"media": "LTO-99"}, "unknown media"),
+    ("hpss", {"hsi": "/usr/bin/hsi", "no_such_option": 1}, "no_such_option"),
+    ("command", {"locate": "/opt/site/locate"}, "stage"),
+])
+def test_a_stager_that_refuses_its_options_fails_the_system_check(settings, stager, options, says):
+    settings.CAROUSEL_STAGER, settings.CAROUSEL_STAGER_OPTIONS = stager, options
+    errors = [e for e in run_checks() if e.id == "carousel.E007"]
+    assert len(errors) == 1 and says in errors[0].msg and f"CAROUSEL_STAGER={stager!r}" in errors[0].msg
+
+
+def test_the_configured_stager_with_good_options_passes_the_check(settings):
+    settings.CAROUSEL_STAGER, settings.CAROUSEL_STAGER_OPTIONS = "tape-rest", {"url": "https://tape.example.org"}
+    assert "carousel.E007" not in {e.id for e in run_checks()}
+
+
+def test_manage_py_check_fails_on_tape_rest_without_its_url(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAROUSEL_", "DATABASE_URL", "REDIS_URL"))}
+    env.update(CAROUSEL_STAGER="tape-rest", CAROUSEL_VAR_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parent.parent,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "carousel.E007" in done.stderr and "'url'" in done.stderr, done.stderr
+
+
+def test_a_cycle_reports_a_stager_that_cannot_be_built_as_down_with_the_reason(settings, db, now, caplog):
+    from carousel.loop.cycle import run_cycle
+    from carousel.models import Control, StagerHealth
+
+    settings.CAROUSEL_STAGER, settings.CAROUSEL_STAGER_OPTIONS = "tape-rest", {}
+    report = run_cycle(now=now)
+    health = StagerHealth.get()
+    assert report.health == health.state == "down"
+    assert "cannot be built" in health.reason and "'url'" in health.reason
+    assert Control.get().last_cycle_error == report.error and "'url'" in report.error
+    assert not any(record.exc_info for record in caplog.records)  # a reason, not a traceback

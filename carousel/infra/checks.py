@@ -3,7 +3,8 @@ from django.core.checks import Error, Tags, register
 from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
-from carousel.infra.plugins import PluginError, resolve, resolve_choice
+from carousel.infra.deploy import configured_production_problems
+from carousel.infra.plugins import PluginError, build_stager, resolve, resolve_choice
 
 REGISTRIES = ("CAROUSEL_STAGERS", "CAROUSEL_SORT_POLICIES", "CAROUSEL_SHARE_POLICIES", "CAROUSEL_DELIVERIES",
               "CAROUSEL_PATH_AUTHORIZATIONS", "CAROUSEL_TURN_POLICIES")
@@ -34,6 +35,32 @@ def plugins_resolve(app_configs, **kwargs):
         except PluginError as exc:
             errors.append(Error(str(exc), id="carousel.E005"))
     return errors
+
+
+@register()
+def stager_builds(app_configs, **kwargs):
+    """The configured stager is built from its options, so a missing or refused option (tape-rest
+    without its `url`) fails at start, not at every cycle. Its constructor only checks and keeps
+    its options (docs/plugins.md): nothing is asked of the tape system here."""
+    try:
+        resolve("CAROUSEL_STAGERS", settings.CAROUSEL_STAGER)
+    except PluginError:
+        return []  # carousel.E001 or E002 says so
+    try:
+        build_stager()
+    except PluginError as exc:
+        return [Error(str(exc), hint="Set CAROUSEL_STAGER_OPTIONS to the options the stager's class takes "
+                                     "(carousel/stagers/, docs/plugins.md).", id="carousel.E007")]
+    return []
+
+
+@register(Tags.security)
+def production_settings(app_configs, **kwargs):
+    """On PostgreSQL (production), `migrate`, `runserver` and every command that checks refuse the
+    published secret key, DEBUG on and an empty ALLOWED_HOSTS; gunicorn and Celery refuse the
+    same (carousel/wsgi.py, carousel/celery.py: deploy.refuse_unsafe_production)."""
+    return [Error(problem, hint="DATABASE_URL names PostgreSQL, so this is a production start (docs/operations.md).",
+                  id="carousel.E006") for problem in configured_production_problems()]
 
 
 # The rows the database keeps by trigger (carousel/migrations/0002_triggers.py) and, for each,

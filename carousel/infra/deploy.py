@@ -1,6 +1,7 @@
-"""What keeps a deployment honest on day one: the loop does not start on a stager that fakes
-restores unless an operator said so, every page says when the tape library is simulated, and
-the demo accounts stay on the embedded default."""
+"""What keeps a deployment honest on day one: production (PostgreSQL) does not start with the
+published secret key, DEBUG on or no allowed hosts; the loop does not start on a stager that
+fakes restores unless an operator said so; every page says when the tape library is simulated;
+and the demo accounts stay on the embedded default."""
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -20,6 +21,42 @@ def check_loop_stager():
             "the loop refuses to start on it. Configure the site's stager (CAROUSEL_STAGER, "
             "CAROUSEL_STAGER_OPTIONS), use 'simulated' to try the broker, or set CAROUSEL_ALLOW_IMMEDIATE=1 "
             "if faked restores are really what you want.")
+
+
+def production_problems(*, vendor, secret_key, embedded_secret_key, debug, allowed_hosts):
+    """What a production start must not run with, each said with what to set. Production is a
+    PostgreSQL database (DATABASE_URL); the embedded default (SQLite) may run as shipped."""
+    if vendor != "postgresql":
+        return []
+    problems = []
+    if secret_key == embedded_secret_key:
+        problems.append("SECRET_KEY is the embedded default, published with the code: anyone can forge sessions "
+                        "with it. Set SECRET_KEY to a long random string, e.g. the output of "
+                        "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'.")
+    if debug:
+        problems.append("DEBUG is on: error pages would show settings and code to anyone. Unset DEBUG "
+                        "(or set DEBUG=0).")
+    if not allowed_hosts:
+        problems.append("ALLOWED_HOSTS is empty: every request would be refused. Set ALLOWED_HOSTS to the host "
+                        "names the site answers on, comma-separated (e.g. ALLOWED_HOSTS=carousel.example.org).")
+    return problems
+
+
+def configured_production_problems():
+    """production_problems() for the settings and database of this process."""
+    from django.db import connections
+
+    return production_problems(vendor=connections["default"].vendor, secret_key=settings.SECRET_KEY,
+                               embedded_secret_key=settings.EMBEDDED_SECRET_KEY, debug=settings.DEBUG,
+                               allowed_hosts=settings.ALLOWED_HOSTS)
+
+
+def refuse_unsafe_production():
+    """Raise unless this process may start: for the processes Django's system checks do not run
+    in (gunicorn's workers, Celery's worker and beat); manage.py commands get carousel.E006."""
+    problems = configured_production_problems()
+    if problems:
+        raise ImproperlyConfigured("refusing to start on PostgreSQL: " + " ".join(problems))
 
 
 def stager_notice():

@@ -3,10 +3,12 @@ and the benchmarks:
 
     python -m carousel.infra.localservices -- pytest
 
-starts both, runs the command with DATABASE_URL and REDIS_URL set, and stops them (also when
+starts both, runs the command with DATABASE_URL and REDIS_URL set (and a random SECRET_KEY when
+none is set: on PostgreSQL the default one is refused), and stops them (also when
 the command fails). The Debian packages are installed by `make services` when missing."""
 import contextlib
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -96,6 +98,9 @@ def main(argv):
         with postgres(workdir) as database_url, redis(workdir) as (redis_url, redis_port):
             env = dict(os.environ, DATABASE_URL=database_url, REDIS_URL=redis_url,
                        CAROUSEL_REDIS_PORT=str(redis_port), CAROUSEL_SERVICES_DIR=workdir)
+            # PostgreSQL is production to the system checks (carousel.E006): the servers and
+            # workers the tests and benchmarks start get a secret of their own, unless given one.
+            env.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
             print(f"PostgreSQL at {database_url}, Redis at {redis_url}", flush=True)
             return subprocess.run(argv, env=env).returncode
 

@@ -41,22 +41,40 @@ def resolve_choice(registry_setting, choice_setting):
     return resolve(registry_setting, name)
 
 
+def build(registry_setting, choice_setting, options_setting):
+    """A new instance of the plugin `choice_setting` names, built from the options (a dict of
+    keyword arguments) in `options_setting`. Options its class refuses (one missing, one unknown,
+    a value its constructor rejects) raise PluginError saying which plugin and why; the option
+    values are not repeated, as they may hold secrets."""
+    from django.conf import settings
+
+    name, options = getattr(settings, choice_setting), getattr(settings, options_setting)
+    cls = resolve(registry_setting, name)
+    if not isinstance(options, dict):
+        raise PluginError(f"{options_setting} must be a JSON object of option -> value, got {type(options).__name__}")
+    try:
+        return cls(**options)
+    except Exception as exc:  # noqa: BLE001 - a site's constructor may refuse its options with any exception
+        given = ", ".join(sorted(options)) or "none"
+        raise PluginError(f"{choice_setting}={name!r} cannot be built from {options_setting} (options given: "
+                          f"{given}): {type(exc).__name__}: {exc}") from exc
+
+
+def build_stager():
+    """A new instance of the configured stager: carousel.E007 builds one at start."""
+    return build("CAROUSEL_STAGERS", "CAROUSEL_STAGER", "CAROUSEL_STAGER_OPTIONS")
+
+
 @functools.cache
 def stager():
     """The configured stager, one instance per process."""
-    from django.conf import settings
-
-    cls = resolve("CAROUSEL_STAGERS", settings.CAROUSEL_STAGER)
-    return cls(**settings.CAROUSEL_STAGER_OPTIONS)
+    return build_stager()
 
 
 @functools.cache
 def delivery():
     """The configured delivery step, one instance per process."""
-    from django.conf import settings
-
-    cls = resolve("CAROUSEL_DELIVERIES", settings.CAROUSEL_DELIVERY)
-    return cls(**settings.CAROUSEL_DELIVERY_OPTIONS)
+    return build("CAROUSEL_DELIVERIES", "CAROUSEL_DELIVERY", "CAROUSEL_DELIVERY_OPTIONS")
 
 
 @functools.cache

@@ -67,15 +67,25 @@ def run_cycle(*, now, stager=None):
         control = Control.get()
         report = CycleReport()
         try:
-            _steps(now=now, stager=stager or plugins.stager(), control=control, report=report)
-        except (OperationalError, InterfaceError):
-            raise  # the database itself is gone: nothing can be recorded; the caller says so once
-        except Exception as exc:  # noqa: BLE001 - a bug or a broken plugin: shown, and the next cycle tries
-            report.error = f"the cycle stopped: {type(exc).__name__}: {exc}"
-            if report.error == control.last_cycle_error:
-                log.error("%s (again)", report.error)  # the traceback was logged the first time
-            else:
-                log.exception(report.error)
+            stager = stager or plugins.stager()
+        except PluginError as exc:
+            # Options the stager refuses (carousel.E007 says so at start): down, for that reason,
+            # until they are fixed; no traceback, the reason is the whole story.
+            report.error = f"the stager cannot be built: {exc}"
+            state = judge_stager(now=now, seen=h.Observation(reachable=False, error=report.error), control=control)
+            report.health, report.jobs_limit = state.state, state.limit
+            log.error("%s%s", report.error, " (again)" if report.error == control.last_cycle_error else "")
+        else:
+            try:
+                _steps(now=now, stager=stager, control=control, report=report)
+            except (OperationalError, InterfaceError):
+                raise  # the database itself is gone: nothing can be recorded; the caller says so once
+            except Exception as exc:  # noqa: BLE001 - a bug or a broken plugin: shown, and the next cycle tries
+                report.error = f"the cycle stopped: {type(exc).__name__}: {exc}"
+                if report.error == control.last_cycle_error:
+                    log.error("%s (again)", report.error)  # the traceback was logged the first time
+                else:
+                    log.exception(report.error)
         Control.objects.filter(id=control.id).update(last_cycle_at=now, last_cycle_error=report.error)
         metrics.record_cycle(time.monotonic() - started)
         return report

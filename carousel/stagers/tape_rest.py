@@ -33,6 +33,8 @@ MAX_LABEL = 64  # Tape.label's max_length
 class TapeRestStager(Stager):
     def __init__(self, *, url, token="", token_file="", timeout_s=30, verify=True, site="", disk_lifetime=None,
                  state_dir=None, locate_batch=1000):
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+            raise ValueError(f"url must be the endpoint's address, https://host:port[/path], got {url!r}")
         self.url = url.rstrip("/")
         self.token = token
         self.token_file = token_file
