@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import pytest
 
-from carousel.infra import nofollow
 from carousel.loop.cycle import run_cycle
 from carousel.models import RestoreRequest
 from carousel.domain.services import restore_submit
@@ -219,11 +218,11 @@ def test_a_link_planted_after_submission_fails_the_delivery_and_nothing_is_writt
         assert "symbolic link" in request.last_error and str(root / "alice" / swapped) in request.last_error
 
 
-def test_a_link_planted_as_the_worker_makes_a_directory_is_not_followed(tmp_path, root, monkeypatch):
-    """The race the string check could not win: the directory is missing when looked for and a
-    link by the time it is made."""
-    source = tmp_path / "staged"
-    source.write_bytes(b"restored")
+def test_a_link_planted_as_the_worker_makes_a_directory_is_not_followed(
+        copying, tmp_path, root, alice, now, monkeypatch, django_capture_on_commit_callbacks):
+    """The race a check before writing cannot win: the directory is missing when looked for
+    and a link to outside the root by the time the worker makes it."""
+    backend = deliver(tmp_path, alice, now, ["/star/config"], root / "alice" / "out")
     real_mkdir = os.mkdir
 
     def planted(name, mode=0o777, *, dir_fd=None):
@@ -231,21 +230,27 @@ def test_a_link_planted_as_the_worker_makes_a_directory_is_not_followed(tmp_path
         real_mkdir(name, mode, dir_fd=dir_fd)  # the worker's own mkdir: the name is taken
 
     monkeypatch.setattr(os, "mkdir", planted)
-    with pytest.raises(nofollow.LinkBelowRoot):
-        nofollow.copy_below(str(source), str(root), str(root / "alice" / "new" / "f"))
+    with django_capture_on_commit_callbacks(execute=True):
+        run_cycle(now=now + timedelta(seconds=10), stager=backend)
+    monkeypatch.undo()
     assert list((tmp_path / "outside").rglob("*")) == []
+    request = RestoreRequest.objects.get()
+    assert (request.state, request.error_class) == ("failed", "user") and "symbolic link" in request.last_error
 
 
-def test_a_link_at_the_file_itself_is_replaced_not_followed(tmp_path, root):
-    source = tmp_path / "staged"
-    source.write_bytes(b"restored")
+def test_a_link_at_the_file_itself_is_replaced_not_followed(copying, tmp_path, root, alice, now,
+                                                            django_capture_on_commit_callbacks):
     victim = tmp_path / "outside" / "config"
     victim.write_bytes(b"site config")
-    (root / "alice" / "config").symlink_to(victim)
-    nofollow.copy_below(str(source), str(root), str(root / "alice" / "config"))
+    (root / "alice" / "star").mkdir()
+    (root / "alice" / "star" / "config").symlink_to(victim)
+    backend = deliver(tmp_path, alice, now, ["/star/config"], root / "alice")
+    with django_capture_on_commit_callbacks(execute=True):
+        run_cycle(now=now + timedelta(seconds=10), stager=backend)
+    assert RestoreRequest.objects.get().state == "done"
     assert victim.read_bytes() == b"site config"
-    assert not (root / "alice" / "config").is_symlink()
-    assert (root / "alice" / "config").read_bytes() == b"restored"
+    delivered = root / "alice" / "star" / "config"
+    assert not delivered.is_symlink() and delivered.read_bytes() == b"contents of /star/config"
 
 
 def test_a_root_withdrawn_before_delivery_fails_it_as_a_user_error(copying, settings, tmp_path, root, alice, now,

@@ -1,3 +1,5 @@
+import inspect
+
 from django.conf import settings
 from django.core.checks import Error, Tags, register
 from django.db import connections
@@ -34,6 +36,24 @@ def plugins_resolve(app_configs, **kwargs):
         except PluginError as exc:
             errors.append(Error(str(exc), id="carousel.E005"))
     return errors
+
+
+@register()
+def delivery_takes_a_root(app_configs, **kwargs):
+    """The delivery is called deliver(source, target, root=...): each file's own place and the
+    root it must stay under (docs/plugins.md). A site's plugin written for the earlier
+    deliver(source, destination) would fail every delivery: refused at start instead."""
+    try:
+        cls = resolve("CAROUSEL_DELIVERIES", settings.CAROUSEL_DELIVERY)
+    except PluginError:
+        return []  # said by plugins_resolve
+    parameters = inspect.signature(cls.deliver).parameters.values()
+    if any(p.name == "root" or p.kind is p.VAR_KEYWORD for p in parameters):
+        return []
+    return [Error(f"CAROUSEL_DELIVERY={settings.CAROUSEL_DELIVERY!r}: {cls.__name__}.deliver takes no root: a "
+                  "delivery is called deliver(source, target, *, root) and must write nothing outside root nor "
+                  "through a symbolic link below it (docs/plugins.md, carousel/infra/nofollow.py)",
+                  id="carousel.E006")]
 
 
 # The rows the database keeps by trigger (carousel/migrations/0002_triggers.py) and, for each,

@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import uuid
+from contextlib import contextmanager, suppress
 
 _BELOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -75,28 +76,33 @@ def relative_parts(root, path):
     return [p for p in path[len(root.rstrip("/")):].split("/") if p]
 
 
+@contextmanager
+def parent_below(root, path):
+    """(descriptor of the directory `path` goes in, its name there), the directories below
+    `root` opened without following links and made if missing; closed on leaving. A delivery
+    makes its file with dir_fd=the descriptor (os.open, os.symlink, os.rename...)."""
+    *parents, name = relative_parts(root, path)
+    directory = open_below(root, parents, create=True)
+    try:
+        yield directory, name
+    finally:
+        os.close(directory)
+
+
 def copy_below(source, root, path):
     """Copy the file `source` to `path`, below the directory `root`, without following a link
     below the root: the copy is written to a new temporary file and renamed over `path` (a
     link there is replaced, not followed), so a reader never sees half a file."""
-    *parents, name = relative_parts(root, path)
-    with open(source, "rb") as src:
-        directory = open_below(root, parents, create=True)
+    with open(source, "rb") as src, parent_below(root, path) as (directory, name):
+        temporary = f".carousel-{uuid.uuid4().hex}.part"
         try:
-            temporary = f".carousel-{uuid.uuid4().hex}.part"
             with open(os.open(temporary, _NEW_FILE, 0o666, dir_fd=directory), "wb") as out:
-                try:
-                    shutil.copyfileobj(src, out, 1 << 20)
-                except BaseException:
-                    os.unlink(temporary, dir_fd=directory)
-                    raise
-            try:
-                os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
-            except BaseException:
+                shutil.copyfileobj(src, out, 1 << 20)
+            os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+        except BaseException:
+            with suppress(FileNotFoundError):
                 os.unlink(temporary, dir_fd=directory)
-                raise
-        finally:
-            os.close(directory)
+            raise
 
 
 def check_below(root, path):
