@@ -110,18 +110,12 @@ def check_below(root, path):
     link (the file itself included), NotADirectoryError if a parent is a file: for a program
     that writes `path` itself, which this process cannot make safe, only check beforehand."""
     *parents, name = relative_parts(root, path)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    shown = root.rstrip("/")
     try:
-        for part in parents:
-            shown = f"{shown}/{part}"
-            try:
-                below = _open_directory(part, fd, shown, create=False)
-            except FileNotFoundError:
-                return
-            os.close(fd)
-            fd = below
-        if _is_link(name, fd):
-            raise LinkBelowRoot(f"{shown}/{name}")
+        directory = open_below(root, parents, create=False)
+    except FileNotFoundError:
+        return  # the components before the missing one are checked; the program makes the rest
+    try:
+        if _is_link(name, directory):
+            raise LinkBelowRoot(path)
     finally:
-        os.close(fd)
+        os.close(directory)
