@@ -306,3 +306,13 @@ def test_the_command_is_not_run_through_a_link_planted_after_submission(command,
     request = RestoreRequest.objects.get()
     assert (request.state, request.error_class) == ("failed", "user") and "symbolic link" in request.last_error
     assert command() == []
+
+
+def test_a_name_the_file_system_cannot_encode_is_a_user_error(tmp_path):
+    from carousel.loop.delivery import DeliveryError, LocalCopy
+
+    source = tmp_path / "staged"
+    source.write_bytes(b"restored")
+    with pytest.raises(DeliveryError) as refused:
+        LocalCopy().deliver(str(source), f"{tmp_path}/out/a\ud800", root=str(tmp_path))
+    assert refused.value.user_error and list((tmp_path / "out").iterdir()) == []

@@ -89,6 +89,8 @@ class LocalCopy(Delivery):
             raise DeliveryError(f"cannot write {target}: {exc.strerror}: {exc.filename}") from exc
         except (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
             raise DeliveryError(f"cannot write {target}: {exc.strerror}", user_error=True) from exc
+        except ValueError as exc:  # a name the file system cannot encode
+            raise DeliveryError(f"cannot write {target!r}: {exc}", user_error=True) from exc
         except OSError as exc:
             # ENOSPC, EDQUOT: the user's space is full; ENAMETOOLONG: the name. Retrying will not help.
             user_error = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG)
