@@ -7,7 +7,7 @@ from django.db.models import CharField, F, Func
 from django.utils import timezone
 from django.utils.duration import duration_string
 
-from carousel.models import Bulk, RequestState, RestoreRequest
+from carousel.models import Bulk, DestinationLayout, RequestState, RestoreRequest
 from carousel.domain.paths import check_destination
 from carousel.domain.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
 
@@ -38,7 +38,17 @@ class SubmitSerializer(StrictSerializer):
     # Each path is checked by carousel.domain.paths.validate_paths, which reports every bad line at once.
     paths = PathListField(child=serializers.JSONField(), allow_empty=True)
     priority = serializers.IntegerField(min_value=0, max_value=3, default=0)
-    destination = serializers.CharField(max_length=4096, required=False, allow_blank=True, default="")
+    destination = serializers.CharField(
+        max_length=4096, required=False, allow_blank=True, default="",
+        help_text="A directory, under a destination root you may deliver to, that each restored file is "
+                  "copied under (see destination_layout); empty: the files stay where the tape system puts "
+                  "them. Symbolic links below the root are never followed.")
+    destination_layout = serializers.ChoiceField(
+        choices=DestinationLayout.choices, default=DestinationLayout.PATH,
+        help_text="Where under the destination each file goes: 'path' (the default) by its whole path "
+                  "(/star/run1/a.root to DESTINATION/star/run1/a.root), 'name' by its name alone "
+                  "(DESTINATION/a.root); with 'name', two files of one submission with the same name are "
+                  "refused (400, listed in errors) and nothing is stored.")
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
     pin_lifetime = serializers.DurationField(required=False, allow_null=True, default=None,
                                              min_value=MIN_PIN_LIFETIME, max_value=MAX_PIN_LIFETIME,

@@ -62,6 +62,12 @@ class ErrorClass(models.TextChoices):
     DELIVERY = "delivery"  # copying the staged file to its destination failed
 
 
+class DestinationLayout(models.TextChoices):
+    """Where under its submission's destination directory a file is delivered."""
+    PATH = "path", "by the file's whole path (DEST/star/run1/a.root)"
+    NAME = "name", "by the file's name (DEST/a.root)"
+
+
 class Singleton(models.Model):
     """A table of one row (id 1), created on first use."""
 
@@ -392,6 +398,8 @@ class Bulk(models.Model):
     pending = models.PositiveIntegerField(default=0, help_text="New files still in the intake, not yet queued.")
     priority = models.PositiveSmallIntegerField(default=0)
     destination = models.CharField(max_length=4096, blank=True, default="")
+    destination_layout = models.CharField(max_length=8, choices=DestinationLayout.choices,
+                                          default=DestinationLayout.PATH, db_default=DestinationLayout.PATH)
     deadline = models.DateTimeField(null=True, blank=True)
     pin_lifetime = models.DurationField(null=True, blank=True)
     group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
@@ -498,7 +506,11 @@ class RestoreRequest(models.Model):
                              db_index=False)
     position = models.BigIntegerField(null=True, blank=True)
     priority = models.PositiveSmallIntegerField(default=0)
+    # A directory: the file is delivered under it (carousel/domain/paths.py, delivery_target).
     destination = models.TextField(blank=True)
+    # db_default: added without rewriting the table.
+    destination_layout = models.CharField(max_length=8, choices=DestinationLayout.choices,
+                                          default=DestinationLayout.PATH, db_default=DestinationLayout.PATH)
     deadline = models.DateTimeField(null=True, blank=True, help_text="Unfinished after this: expired.")
     pin_lifetime = models.DurationField(null=True, blank=True,
                                         help_text="How long the restored copy must stay on disk.")

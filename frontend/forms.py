@@ -5,7 +5,7 @@ from datetime import timedelta
 from django import forms
 from django.conf import settings
 
-from carousel.models import ACTIVE_STATES, RequestState
+from carousel.models import ACTIVE_STATES, DestinationLayout, RequestState
 
 
 def read_lines(lines, *, limit):
@@ -34,10 +34,15 @@ class RestoreForm(forms.Form):
     paths = forms.CharField(label="Paths, one per line", required=False, strip=False,
                             widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "autocomplete": "off"}))
     file = forms.FileField(label="… or a file listing them, one per line", required=False)
-    destination = forms.CharField(label="Destination (optional)", required=False, max_length=4096,
-                                  help_text="Where the restored files are copied: an absolute path under a "
-                                            "root the operators allow you; empty: they stay where the tape "
-                                            "system puts them.")
+    destination = forms.CharField(label="Destination directory (optional)", required=False, max_length=4096,
+                                  help_text="The directory the restored files are copied under: an absolute "
+                                            "path under a root the operators allow you; empty: they stay where "
+                                            "the tape system puts them.")
+    destination_layout = forms.ChoiceField(
+        label="Under the destination, each file goes", required=False, initial=DestinationLayout.PATH,
+        choices=[(DestinationLayout.PATH, "by its whole path (/star/run1/a.root → DESTINATION/star/run1/a.root)"),
+                 (DestinationLayout.NAME, "by its name alone (DESTINATION/a.root)")],
+        help_text="By name, two files with the same name in one submission are refused, and nothing is stored.")
     pin_hours = forms.FloatField(label="Keep on disk for (hours, optional)", required=False, min_value=0.01,
                                  max_value=24 * 365)
     deadline = forms.DateTimeField(label="Give up after (UTC, optional)", required=False,
@@ -73,7 +78,9 @@ class RestoreForm(forms.Form):
     def options(self):
         data = self.cleaned_data
         hours = data.get("pin_hours")
-        return {"destination": data.get("destination", ""), "deadline": data.get("deadline"),
+        return {"destination": data.get("destination", ""),
+                "destination_layout": data.get("destination_layout") or DestinationLayout.PATH,
+                "deadline": data.get("deadline"),
                 "pin_lifetime": timedelta(hours=hours) if hours else None, "notify": data.get("notify", False)}
 
 

@@ -1,7 +1,9 @@
 """A site's own plugins, living outside the core, named in settings by the tests (and shown
 in docs/plugins.md)."""
+import errno
 import os
 
+from carousel.infra import nofollow
 from carousel.loop.delivery import Delivery, DeliveryError
 from carousel.stagers.base import FileStatus, Location
 from carousel.stagers.immediate import ImmediateStager
@@ -11,19 +13,21 @@ from policies.turns import FairTurns
 
 
 class Symlink(Delivery):
-    """A site's delivery: a symbolic link at the destination to the staged copy, for a stager
-    whose disk buffer users' nodes mount. Throttled per destination directory."""
+    """A site's delivery: a symbolic link at each file's place to the staged copy, for a stager
+    whose disk buffer users' nodes mount; made in its directory opened below the root without
+    following links. Throttled per destination directory."""
 
     def filesystem(self, destination):
-        return os.path.dirname(destination)
+        return destination
 
-    def deliver(self, source, destination):
+    def deliver(self, source, target, *, root):
         try:
-            os.symlink(source, destination)
+            with nofollow.parent_below(root, target) as (directory, name):
+                os.symlink(source, name, dir_fd=directory)
         except FileExistsError as exc:
-            raise DeliveryError(f"{destination} exists already", user_error=True) from exc
+            raise DeliveryError(f"{target} exists already", user_error=True) from exc
         except OSError as exc:
-            raise DeliveryError(f"cannot link {destination}: {exc.strerror}") from exc
+            raise DeliveryError(f"cannot link {target}: {exc.strerror}", user_error=exc.errno == errno.ELOOP) from exc
 
 
 class SiteStager(ImmediateStager):

@@ -1,6 +1,7 @@
 """Destinations: absolute, normalised, no control characters, under a root the operator allows
 (to everyone in settings, or to a group in the admin); site commands get them after `--`."""
 import sys
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Group
@@ -113,3 +114,106 @@ def test_a_site_command_gets_the_paths_after_a_double_dash(tmp_path):
     script.write_text(f"import sys\nopen({str(record)!r}, 'w').write(repr(sys.argv[1:]))\n")
     SiteCommand([sys.executable, str(script), "--verbose"]).deliver("/stager/disk/f1", "/scratch/alice/f1")
     assert record.read_text() == repr(["--verbose", "--", "/stager/disk/f1", "/scratch/alice/f1"])
+
+
+# A destination is a directory; files go under it by their path or their name.
+
+@pytest.fixture
+def root(settings, tmp_path):
+    """A destination root on disk, and a directory beside it, outside it."""
+    (tmp_path / "root" / "alice").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    settings.CAROUSEL_DESTINATION_ROOTS = [str(tmp_path / "root")]
+    return tmp_path / "root"
+
+
+def test_files_with_one_name_delivered_by_name_are_refused_and_named(as_alice, roots):
+    paths = ["/star/run1/a.root", "/star/run1/b.root", "/star/run2/a.root", "/star/run3/a.root"]
+    r = as_alice.post(URL, {"paths": paths, "destination": "/scratch/alice", "destination_layout": "name"},
+                      format="json")
+    assert r.status_code == 400, r.content
+    body = r.json()
+    assert "nothing was stored" in body["detail"] and "/scratch/alice" in body["detail"]
+    assert [(e["line"], e["path"]) for e in body["errors"]] == [(3, "/star/run2/a.root"), (4, "/star/run3/a.root")]
+    assert all("/scratch/alice/a.root" in e["message"] and "/star/run1/a.root" in e["message"]
+               for e in body["errors"])
+    assert nothing_stored()
+    # By their whole path (the default) the same files are fine.
+    r = as_alice.post(URL, {"paths": paths, "destination": "/scratch/alice"}, format="json")
+    assert r.status_code == 201, r.content
+    assert set(RestoreRequest.objects.values_list("destination_layout", flat=True)) == {"path"}
+
+
+def test_the_web_form_refuses_files_with_one_name_delivered_by_name(client, alice, roots):
+    client.force_login(alice)
+    r = client.post("/restore/", {"paths": "/star/run1/a.root\n\n/star/run2/a.root", "destination": "/scratch/alice",
+                                  "destination_layout": "name"})
+    assert r.status_code == 400
+    page = r.content.decode()
+    assert "nothing was stored" in page and "<td data-label=\"Line\">3</td>" in page and "/star/run2/a.root" in page
+    assert nothing_stored()
+    assert "by its name alone" in client.get("/restore/").content.decode()
+
+
+def test_the_layout_is_kept_through_the_intake(settings, alice, now, roots):
+    settings.CAROUSEL_INTAKE_ABOVE = 1
+    result = restore_submit(user=alice, now=now, paths=["/star/a", "/star/b"], destination="/scratch/alice",
+                            destination_layout="name")
+    assert result.bulk.pending == 2
+    from carousel.domain import intake
+    intake.settle(result.bulk.pk)
+    assert list(RestoreRequest.objects.values_list("destination_layout", flat=True)) == ["name", "name"]
+
+
+def test_an_unknown_layout_is_a_400(as_alice, roots):
+    r = as_alice.post(URL, {"paths": ["/a"], "destination": "/scratch/a", "destination_layout": "flat"},
+                      format="json")
+    assert r.status_code == 400 and "destination_layout" in r.json()["fields"]
+    assert nothing_stored()
+
+
+def test_the_api_schema_says_what_a_destination_is(as_alice):
+    schema = as_alice.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    fields = schema["components"]["schemas"]["Submit"]["properties"]
+    assert "directory" in fields["destination"]["description"]
+    assert "destination_layout" in fields and "refused" in fields["destination_layout"]["description"]
+
+
+def test_the_command_line_asks_for_a_layout(capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
+    from carousel_client import cli
+
+    sent = {}
+
+    class Client:
+        def submit(self, paths, **options):
+            sent.update(options, paths=paths)
+            return {"bulk_id": "b1", "files": 1, "created": 1, "existing": 0, "shared": 0, "url": ""}
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["submit", "--destination", "/scratch/alice", "--destination-layout", "name", "/a"])
+    args.json = True
+    cli.COMMANDS["submit"](Client(), args)
+    assert sent["destination_layout"] == "name" and sent["paths"] == ["/a"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["submit", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "a directory to copy the restored files under" in shown and "are refused" in shown
+
+
+# Symbolic links below a root, at submission.
+
+def test_a_destination_through_a_link_out_of_its_root_is_refused(as_alice, root, tmp_path):
+    (root / "alice" / "link").symlink_to(tmp_path / "outside", target_is_directory=True)
+    r = as_alice.post(URL, {"paths": ["/a"], "destination": str(root / "alice" / "link" / "config")},
+                      format="json")
+    assert r.status_code == 403, r.content
+    assert "symbolic link" in r.json()["detail"]
+    assert nothing_stored()
+
+
+def test_a_link_that_stays_inside_its_root_is_resolved(alice, now, root):
+    (root / "alice" / "run5").mkdir()
+    (root / "alice" / "current").symlink_to(root / "alice" / "run5", target_is_directory=True)
+    restore_submit(user=alice, now=now, paths=["/a"], destination=str(root / "alice" / "current" / "out"))
+    assert RestoreRequest.objects.get().destination == str(root / "alice" / "run5" / "out")

@@ -77,11 +77,26 @@ def test_a_delivery_named_in_the_environment_is_the_one_the_loop_uses(monkeypatc
     settings.CAROUSEL_DELIVERIES, settings.CAROUSEL_DELIVERY = fresh["CAROUSEL_DELIVERIES"], fresh["CAROUSEL_DELIVERY"]
     staged = tmp_path / "staged"
     staged.write_text("data")
-    plugins.delivery().deliver(str(staged), str(tmp_path / "mine"))
+    plugins.delivery().deliver(str(staged), str(tmp_path / "mine"), root=str(tmp_path))
     assert (tmp_path / "mine").read_text() == "data" and (tmp_path / "mine").is_symlink()
     with pytest.raises(DeliveryError) as refused:
-        plugins.delivery().deliver(str(staged), str(tmp_path / "mine"))
+        plugins.delivery().deliver(str(staged), str(tmp_path / "mine"), root=str(tmp_path))
     assert refused.value.user_error
+
+
+class EarlierContract:
+    """A site's delivery written for deliver(source, destination), before it got its root."""
+
+    def deliver(self, source, destination):
+        pass
+
+
+def test_a_delivery_that_takes_no_root_fails_the_system_check(settings):
+    settings.CAROUSEL_DELIVERIES = {**settings.CAROUSEL_DELIVERIES, "old": "tests.test_plugins.EarlierContract"}
+    settings.CAROUSEL_DELIVERY = "old"
+    assert any(e.id == "carousel.E008" and "takes no root" in e.msg for e in run_checks())
+    settings.CAROUSEL_DELIVERY = "copy"
+    assert "carousel.E008" not in {e.id for e in run_checks()}
 
 
 def test_a_registered_name_that_does_not_import_fails_the_system_check(settings):

@@ -13,7 +13,11 @@ the Tape REST door) gets the same answer. Shipped:
 Destinations are not a plugin: a destination is always checked (destination_refused), since
 the worker writes there with its own rights. It must lie under a root the operator allows to
 everyone (CAROUSEL_DESTINATION_ROOTS) or to one of the user's groups (PathPrefix rows with
-purpose "destination"). With no root configured, no destination is accepted."""
+purpose "destination"). With no root configured, no destination is accepted. A destination is a
+directory; the worker writes each file below it without following links (destination_root
+gives it the root, carousel/infra/nofollow.py opens the way down)."""
+import os
+
 from django.conf import settings
 from django.db.models import Q
 
@@ -70,14 +74,54 @@ def destination_roots(user):
     return roots | group_prefixes(user, PathPrefix.Purpose.DESTINATION)
 
 
-def destination_refused(*, user, destination):
-    """None when `user` may have files delivered to the (normalised) `destination`; else why not."""
-    if not destination:
+def destination_root(*, user, path):
+    """The root `path` may be written under for `user`, read again from the settings and the
+    user's groups (the worker's check, never the stored string's word): the deepest of those it
+    lies under; None when there is none any more."""
+    return max((r for r in destination_roots(user) if under_any(path, {r})), key=len, default=None)
+
+
+def _resolved_below(root, destination):
+    """`destination` (lexically under `root`) with the symbolic links among its existing
+    components resolved and named from `root` again; None when one leads out of the root. The
+    worker follows no link below a root (carousel/infra/nofollow.py): this turns a link that
+    stays inside into the place it names, and refuses one that leads out at the submission
+    rather than at the delivery."""
+    base = root.rstrip("/")
+    rest = [p for p in destination[len(base):].split("/") if p]
+    known = 0
+    while known < len(rest) and os.path.lexists(f"{base}/{'/'.join(rest[:known + 1])}"):
+        known += 1
+    if not known:
+        return destination
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(f"{base}/{'/'.join(rest[:known])}")
+    if not under_any(real, {real_root}):
         return None
+    return base + real[len(real_root.rstrip("/")):] + "".join(f"/{p}" for p in rest[known:]) or "/"
+
+
+def destination_place(*, user, destination):
+    """(where `user`'s files are delivered, None) for the normalised `destination`, its links
+    inside a root resolved; (None, why not) when it is not under a root the user may deliver to,
+    or leads out of it through a symbolic link. Empty stays empty (no delivery)."""
+    if not destination:
+        return "", None
     roots = destination_roots(user)
     if not roots:
-        return "no destination root is configured for you: leave the destination empty, or ask an operator"
-    if under_any(destination, roots):
-        return None
-    shown = ", ".join(sorted(roots)[:10])
-    return f"{destination[:200]} is not under a destination root you may deliver to ({shown})"
+        return None, "no destination root is configured for you: leave the destination empty, or ask an operator"
+    under = sorted((r for r in roots if under_any(destination, {r})), key=len, reverse=True)
+    if not under:
+        shown = ", ".join(sorted(roots)[:10])
+        return None, f"{destination[:200]} is not under a destination root you may deliver to ({shown})"
+    for root in under:
+        resolved = _resolved_below(root, destination)
+        if resolved is not None:
+            return resolved, None
+    return None, (f"{destination[:200]} leads out of the destination root {under[0]} through a symbolic link: "
+                  "deliveries never follow links below a root")
+
+
+def destination_refused(*, user, destination):
+    """None when `user` may have files delivered to the (normalised) `destination`; else why not."""
+    return destination_place(user=user, destination=destination)[1]

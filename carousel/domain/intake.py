@@ -29,8 +29,8 @@ from carousel.models import ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, BulkItem, Int
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "destination", "deadline",
-           "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
+COLUMNS = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "destination", "destination_layout",
+           "deadline", "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
            "created_at", "updated_at", "submitted_at", "started_at")
 
 
@@ -65,7 +65,7 @@ def in_flight(keys):
 def queue_new(bulk, pairs, shared, now):
     """Store new requests of `bulk` for (path, path_key) pairs; `shared`: in_flight() of them."""
     common = (bulk.user_id, bulk.group_id, bulk.id)
-    options = (bulk.priority, bulk.destination or "", bulk.deadline, bulk.pin_lifetime)
+    options = (bulk.priority, bulk.destination or "", bulk.destination_layout, bulk.deadline, bulk.pin_lifetime)
 
     def row(path, key):
         joined = shared.get(key)

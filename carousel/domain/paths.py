@@ -62,6 +62,31 @@ def check_destination(destination, *, max_bytes):
     return check_place(destination, max_bytes=max_bytes)
 
 
+def delivery_target(destination, layout, path):
+    """The file a request for `path` is delivered to: under the directory `destination`, by the
+    file's whole path (layout "path": /dest/star/run1/a.root) or by its name ("name": /dest/a.root)."""
+    name = path.rsplit("/", 1)[1] if layout == "name" else path.lstrip("/")
+    return f"{destination.rstrip('/')}/{name}"
+
+
+def target_collisions(paths, *, destination, layout):
+    """[PathError] for the paths of one submission (normalised, distinct) that would be
+    delivered to the same file as an earlier one of them: each names that one. Only files
+    delivered by their name can meet (two distinct paths never share their whole path)."""
+    if not destination or layout != "name":
+        return []
+    first = {}
+    errors = []
+    for index, path in enumerate(paths):
+        target = delivery_target(destination, layout, path)
+        if target in first:
+            errors.append(PathError(index, path, f"delivered to {target[:200]}, as {paths[first[target]][:200]} "
+                                                 "is: two files of one submission may not share a name"))
+        else:
+            first[target] = index
+    return errors
+
+
 def under_any(path, prefixes):
     """Whether `path` is one of the set `prefixes` (normalised places) or inside one, by whole
     components (/data/al is not under /data/a): one set look-up per component of the path,

@@ -15,9 +15,9 @@ from carousel.domain import selectors
 from carousel.domain.exceptions import InvalidSubmission, NotAllowed, QueueCeilingReached
 from carousel.models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
-    ErrorClass, Job, JobState, RequestState, RestoreRequest, StagerCall, path_key,
+    DestinationLayout, ErrorClass, Job, JobState, RequestState, RestoreRequest, StagerCall, path_key,
 )
-from carousel.domain.paths import PathError, check_destination, check_path, validate_paths
+from carousel.domain.paths import PathError, check_destination, check_path, target_collisions, validate_paths
 
 S = RequestState
 MAX_LISTED_ERRORS = 1000
@@ -81,12 +81,13 @@ class SubmitResult:
     shared: int  # new requests that joined another user's stage already in flight
 
 
-def restore_submit(*, user, paths, now, priority=0, destination="", deadline=None, pin_lifetime=None,
-                   notify=False, label="", group=None):
+def restore_submit(*, user, paths, now, priority=0, destination="", destination_layout=DestinationLayout.PATH,
+                   deadline=None, pin_lifetime=None, notify=False, label="", group=None):
     """Accept a whole submission or refuse it whole. Paths already active for this user give
     back the existing request; paths another user is already staging join that stage. `group`:
     the share the requests draw on when the submitter names one (a service's token), else the
-    account's group."""
+    account's group. `destination`: a directory each file is delivered under, by its whole path
+    or by its name (`destination_layout`); two files delivered to one place are refused."""
     clean, errors = validate_paths(paths, max_count=settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION,
                                    max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
     if errors:
@@ -104,7 +105,10 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
                                          and MIN_PIN_LIFETIME <= pin_lifetime <= MAX_PIN_LIFETIME):
         raise InvalidSubmission(f"pin_lifetime must be a duration from {MIN_PIN_LIFETIME} to "
                                 f"{MAX_PIN_LIFETIME.days} days")
+    if destination_layout not in DestinationLayout.values:
+        raise InvalidSubmission(f"destination_layout must be one of {', '.join(DestinationLayout.values)}")
     destination = _allowed_destination(user, destination or "")
+    _check_targets(paths, clean, destination, destination_layout)
     _check_authorised(user, paths, clean)
 
     keys = [path_key(p) for p in clean]
@@ -141,7 +145,8 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
         big = intake.goes_through(len(new))
         bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify,
                                    label=label, pending=len(new) if big else 0, priority=priority,
-                                   destination=destination or "", deadline=deadline, pin_lifetime=pin_lifetime,
+                                   destination=destination or "", destination_layout=destination_layout,
+                                   deadline=deadline, pin_lifetime=pin_lifetime,
                                    group=group)
         if big:
             intake.write(bulk, new)
@@ -155,15 +160,39 @@ def restore_submit(*, user, paths, now, priority=0, destination="", deadline=Non
 
 
 def _allowed_destination(user, destination):
-    from carousel.domain.authz import destination_refused
+    """The destination as stored: normalised, under a root of the user's, its links inside the
+    root resolved (authz.destination_place)."""
+    from carousel.domain.authz import destination_place
 
     destination, message = check_destination(destination, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
     if message:
         raise InvalidSubmission(f"destination: {message}")
-    refused = destination_refused(user=user, destination=destination)
+    destination, refused = destination_place(user=user, destination=destination)
     if refused:
         raise NotAllowed(f"destination: {refused}; nothing was stored.")
     return destination
+
+
+def _first_lines(paths):
+    """{normalised path: its first index in the submission as the user gave it}."""
+    first_index = {}
+    for index, raw in enumerate(paths):
+        first_index.setdefault(check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)[0], index)
+    return first_index
+
+
+def _check_targets(paths, clean, destination, layout):
+    """Two files of the submission delivered to one file (files delivered by their name) are
+    refused, listed with their lines as the user gave them."""
+    collisions = target_collisions(clean, destination=destination, layout=layout)
+    if collisions:
+        first_index = _first_lines(paths)
+        listed = [PathError(first_index.get(e.path, e.index), e.path, e.message).as_dict()
+                  for e in collisions[:MAX_LISTED_ERRORS]]
+        raise InvalidSubmission(
+            f"{len(collisions)} files would be delivered to the same place under {destination[:200]} as another "
+            "file of this submission; nothing was stored. Deliver them by their whole path "
+            '(destination_layout "path"), or submit them separately.', errors=listed)
 
 
 def _check_authorised(user, paths, clean):
@@ -173,9 +202,7 @@ def _check_authorised(user, paths, clean):
 
     refused = paths_refused(user=user, paths=clean, action="restore")
     if refused:
-        first_index = {}  # normalised path -> its first line in the submission
-        for index, raw in enumerate(paths):
-            first_index.setdefault(check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)[0], index)
+        first_index = _first_lines(paths)
         listed = [PathError(first_index.get(path, index), path, reason).as_dict()
                   for index, path, reason in refused[:MAX_LISTED_ERRORS]]
         raise NotAllowed(f"you may not restore {len(refused)} of the {len(clean)} paths; nothing was stored.",

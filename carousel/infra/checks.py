@@ -1,3 +1,5 @@
+import inspect
+
 from django.conf import settings
 from django.core.checks import Error, Tags, register
 from django.db import connections
@@ -61,6 +63,24 @@ def production_settings(app_configs, **kwargs):
     same (carousel/wsgi.py, carousel/celery.py: deploy.refuse_unsafe_production)."""
     return [Error(problem, hint="DATABASE_URL names PostgreSQL, so this is a production start (docs/operations.md).",
                   id="carousel.E006") for problem in configured_production_problems()]
+
+
+@register()
+def delivery_takes_a_root(app_configs, **kwargs):
+    """The delivery is called deliver(source, target, root=...): each file's own place and the
+    root it must stay under (docs/plugins.md). A site's plugin written for the earlier
+    deliver(source, destination) would fail every delivery: refused at start instead."""
+    try:
+        cls = resolve("CAROUSEL_DELIVERIES", settings.CAROUSEL_DELIVERY)
+    except PluginError:
+        return []  # said by plugins_resolve
+    parameters = inspect.signature(cls.deliver).parameters.values()
+    if any(p.name == "root" or p.kind is p.VAR_KEYWORD for p in parameters):
+        return []
+    return [Error(f"CAROUSEL_DELIVERY={settings.CAROUSEL_DELIVERY!r}: {cls.__name__}.deliver takes no root: a "
+                  "delivery is called deliver(source, target, *, root) and must write nothing outside root nor "
+                  "through a symbolic link below it (docs/plugins.md, carousel/infra/nofollow.py)",
+                  id="carousel.E008")]
 
 
 # The rows the database keeps by trigger (carousel/migrations/0002_triggers.py) and, for each,

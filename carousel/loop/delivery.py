@@ -2,16 +2,18 @@
 in settings (CAROUSEL_DELIVERIES), like the stagers. The loop throttles deliveries per
 destination file system (Control.deliveries_per_fs), as the DataCarousel did, so that many
 restores finishing together don't overload a central file system."""
+import errno
 import os
-import shutil
 import subprocess
-import tempfile
 from datetime import timedelta
 from pathlib import Path
 
+from django.contrib.auth import get_user_model
 from django.db.models import Count, F
 
-from carousel.infra import plugins, queue
+from carousel.infra import nofollow, plugins, queue
+from carousel.domain.authz import destination_root
+from carousel.domain.paths import delivery_target
 from carousel.loop.failures import Failure, FailureCount, fail_requests
 from carousel.models import Control, ErrorClass, RequestState as S, RestoreRequest
 from carousel.domain.services import request_transition
@@ -34,8 +36,12 @@ class Delivery:
         """A key naming the file system `destination` is on; deliveries are throttled per key."""
         raise NotImplementedError
 
-    def deliver(self, source, destination):
-        """Put the staged file `source` at `destination`; raise DeliveryError on failure."""
+    def deliver(self, source, target, *, root):
+        """Put the staged file `source` at `target`, its own file under its submission's
+        destination directory; raise DeliveryError on failure. `root`: the destination root
+        `target` lies under, read again by the worker from the settings and the user's groups:
+        nothing may be written outside it, and no symbolic link below it may be followed
+        (carousel/infra/nofollow.py does both)."""
         raise NotImplementedError
 
 
@@ -47,7 +53,7 @@ class InPlace(Delivery):
     def filesystem(self, destination):
         return ""
 
-    def deliver(self, source, destination):
+    def deliver(self, source, target, *, root):
         pass
 
 
@@ -58,37 +64,47 @@ def _existing_parent(path):
     return path
 
 
+def _refused_link(target, exc):
+    return DeliveryError(f"cannot write {target}: {exc.filename} is a symbolic link, and deliveries never follow "
+                         "links below the destination root", user_error=True)
+
+
 class LocalCopy(Delivery):
-    """Copy to a path on a file system this worker mounts; written to a temporary name and
-    renamed, so a reader never sees half a file."""
+    """Copy to a path on a file system this worker mounts: each directory below the root opened
+    without following links, the copy written to a new temporary file and renamed, so a reader
+    never sees half a file and nothing lands outside the root."""
 
     def filesystem(self, destination):
         return f"dev:{os.stat(_existing_parent(destination)).st_dev}"
 
-    def deliver(self, source, destination):
-        target = Path(destination)
+    def deliver(self, source, target, *, root):
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as tmp:
-                with open(source, "rb") as src:
-                    shutil.copyfileobj(src, tmp, 1 << 20)
-            os.replace(tmp.name, target)
+            nofollow.copy_below(source, root, target)
+        except nofollow.LinkBelowRoot as exc:
+            raise _refused_link(target, exc) from exc
         except FileNotFoundError as exc:
-            raise DeliveryError(f"staged copy missing: {exc}") from exc
+            if exc.filename == source:
+                raise DeliveryError(f"staged copy missing: {exc}") from exc
+            # The root itself (the operator's to fix), or a directory removed as it was made: retried.
+            raise DeliveryError(f"cannot write {target}: {exc.strerror}: {exc.filename}") from exc
         except (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
-            raise DeliveryError(f"cannot write {destination}: {exc.strerror}", user_error=True) from exc
+            raise DeliveryError(f"cannot write {target}: {exc.strerror}", user_error=True) from exc
+        except ValueError as exc:  # a name the file system cannot encode
+            raise DeliveryError(f"cannot write {target!r}: {exc}", user_error=True) from exc
         except OSError as exc:
-            # ENOSPC, EDQUOT: the user's space is full, retrying will not help.
-            user_error = exc.errno in (28, 122)
-            raise DeliveryError(f"copying to {destination} failed: {exc.strerror}", user_error=user_error) from exc
+            # ENOSPC, EDQUOT: the user's space is full; ENAMETOOLONG: the name. Retrying will not help.
+            user_error = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG)
+            raise DeliveryError(f"copying to {target} failed: {exc.strerror}", user_error=user_error) from exc
 
 
 class SiteCommand(Delivery):
-    """A site's program: `<command...> -- SOURCE DESTINATION`, both absolute paths; the `--`
-    ends the options, so no path can be read as one. Exit 0: delivered; exit 2: the
-    destination is refused (a user error, not retried); anything else: a delivery failure,
-    retried on the retry cycle. The file system key is the destination's first two path
-    components (/gpfs/star) unless the site names a `filesystem_depth`."""
+    """A site's program: `<command...> -- SOURCE TARGET`, both absolute paths, TARGET the file's
+    own place under its destination directory, checked first (no symbolic link below the root
+    among what exists of it); the `--` ends the options, so no path can be read as one. Exit 0:
+    delivered; exit 2: the destination is refused (a user error, not retried); anything else: a
+    delivery failure, retried on the retry cycle. The program writes as it likes: it must not
+    follow links itself. The file system key is the destination's first two path components
+    (/gpfs/star) unless the site names a `filesystem_depth`."""
 
     def __init__(self, command, timeout_s=3600, filesystem_depth=2):
         self.command = command.split() if isinstance(command, str) else list(command)
@@ -98,9 +114,18 @@ class SiteCommand(Delivery):
     def filesystem(self, destination):
         return "/" + "/".join(Path(destination).parts[1:1 + self.depth])
 
-    def deliver(self, source, destination):
+    def deliver(self, source, target, *, root=None):
+        if root is not None:
+            try:
+                nofollow.check_below(root, target)
+            except nofollow.LinkBelowRoot as exc:
+                raise _refused_link(target, exc) from exc
+            except NotADirectoryError as exc:
+                raise DeliveryError(f"cannot write {target}: {exc.strerror}", user_error=True) from exc
+            except OSError:
+                pass  # what this worker cannot see, the program judges
         try:
-            done = subprocess.run([*self.command, "--", source, destination], capture_output=True, text=True,
+            done = subprocess.run([*self.command, "--", source, target], capture_output=True, text=True,
                                   timeout=self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise DeliveryError(f"delivery command failed: {exc}") from exc
@@ -143,17 +168,25 @@ def dispatch_deliveries(*, now, control):
 
 
 def deliver_requests(ids, *, now, control=None):
-    """Deliver these staged requests (a worker task): done, or failed with class DELIVERY
-    (retried on the retry cycle) or USER (a destination the user must fix)."""
+    """Deliver these staged requests (a worker task): each file to its own place under its
+    destination directory, below the root the worker finds for its user now; done, or failed
+    with class DELIVERY (retried on the retry cycle) or USER (a destination the user must fix)."""
     control = control or Control.get()
     delivery = plugins.delivery()
     report = FailureCount()
-    for rid, source, destination in RestoreRequest.objects.filter(id__in=ids, state=S.DELIVERING).values_list(
-            "id", "staged_path", "destination"):
+    rows = list(RestoreRequest.objects.filter(id__in=ids, state=S.DELIVERING).values_list(
+        "id", "user_id", "path", "staged_path", "destination", "destination_layout"))
+    users = get_user_model().objects.in_bulk({row[1] for row in rows})
+    for rid, user_id, path, source, destination, layout in rows:
         one = RestoreRequest.objects.filter(id=rid)
         one.update(delivery_attempts=F("delivery_attempts") + 1)
+        target = delivery_target(destination, layout, path)
+        root = destination_root(user=users.get(user_id), path=target)
         try:
-            delivery.deliver(source, destination)
+            if root is None:
+                raise DeliveryError(f"{target[:200]} is no longer under a destination root you may deliver to",
+                                    user_error=True)
+            delivery.deliver(source, target, root=root)
         except DeliveryError as exc:
             status_class = ErrorClass.USER if exc.user_error else ErrorClass.DELIVERY
             fail_requests(one, Failure(str(exc), status_class), now=now, control=control, report=report)

@@ -6,6 +6,7 @@ from django.contrib.auth.models import Group
 from django.db import connection
 from django.db.models import Count, Min, Q, Sum
 
+from carousel.domain.paths import delivery_target
 from carousel.domain.selectors.summary import jobs_limit
 from carousel.loop.health import projected_disk_use
 from carousel.models import (
@@ -313,7 +314,8 @@ def request_outlooks(requests, *, user, ctx):
                 f"failed for now ({r.last_error or 'a transient error'}); "
                 f"tried again from {r.retry_at:%Y-%m-%d %H:%M} UTC",))
         elif r.state == S.DELIVERING:
-            out[r.id] = Outlook(reasons=(f"restored, being delivered to {r.destination}",))
+            target = delivery_target(r.destination, r.destination_layout, r.path)
+            out[r.id] = Outlook(reasons=(f"restored, being delivered to {target}",))
         else:
             out[r.id] = Outlook()
     return out

@@ -33,7 +33,12 @@ def build_parser():
     submit.add_argument("paths", nargs="*", metavar="PATH", help="files to restore; '-' reads them from standard input")
     submit.add_argument("--from-file", metavar="FILE", help="read paths from FILE, one a line ('#' comments)")
     submit.add_argument("--priority", type=int, choices=range(4), default=None, help="0 (default) to 3")
-    submit.add_argument("--destination", help="where to put the restored files (if the site delivers them)")
+    submit.add_argument("--destination", metavar="DIR",
+                        help="a directory to copy the restored files under (if the site delivers them); "
+                             "each file goes to DIR/its/whole/path (see --destination-layout)")
+    submit.add_argument("--destination-layout", choices=("path", "name"), default=None,
+                        help="'path' (default): DIR/star/run1/a.root for /star/run1/a.root; 'name': DIR/a.root, "
+                             "and two files with the same name are refused (nothing is submitted)")
     submit.add_argument("--deadline", help="ISO 8601 date-time after which unfinished files expire")
     submit.add_argument("--pin", metavar="DURATION", help="how long the copies stay on disk: PT6H, or seconds")
     submit.add_argument("--notify", action="store_true", default=None, help="be told when it is finished")
@@ -122,6 +127,7 @@ def cmd_submit(client, args):
         pin = int(pin)
     # Large lists go in one request: the server takes a whole submission or refuses it whole.
     result = client.submit(read_paths(args), priority=args.priority, destination=args.destination,
+                           destination_layout=args.destination_layout,
                            deadline=args.deadline, pin_lifetime=pin, notify=args.notify, label=args.label)
     data = {"id": result["bulk_id"], **{k: v for k, v in result.items() if k != "bulk_id"}}
     if not args.json and sys.stderr.isatty():
