@@ -29,16 +29,22 @@ $(CLIENT_STAMP): $(STAMP) $(CLIENT_SOURCES)
 	rm -rf client/build client/*.egg-info
 	touch $(CLIENT_STAMP)
 
-# The embedded default: SQLite under var/, Celery on its filesystem transport, beat inside the
-# worker. With DATABASE_URL and REDIS_URL set, the same targets use PostgreSQL and Redis.
+# The embedded default: SQLite under var/ (CAROUSEL_VAR_DIR: elsewhere; everything it writes goes
+# there), Celery on its filesystem transport, beat inside the worker. With DATABASE_URL and
+# REDIS_URL set, the same targets use PostgreSQL and Redis.
 run: venv client
-	mkdir -p var/static
+	@# WhiteNoise warns about a missing static root (the files themselves come from the apps).
+	mkdir -p "$${CAROUSEL_STATIC_ROOT:-$${CAROUSEL_VAR_DIR:-var}/static}"
 	$(PY) manage.py migrate --noinput
 	@# Demo accounts only on the embedded default; DEMO=1 asks for them in another database.
 	$(PY) manage.py demo $(if $(DEMO),--any-database)
 	@echo "Carousel at http://$(ADDR)/  (admin: http://$(ADDR)/admin/, API: http://$(ADDR)/api/docs/)"
-	@# Worker (with beat inside) and web server together; when either stops, both stop.
-	@trap 'kill 0' EXIT INT TERM; \
+	@# Worker (with beat inside) and web server together; when either stops, both stop. Ctrl-C
+	@# stops both and ends quietly. The handler clears the traps before it signals its children:
+	@# a `kill 0` there signalled this shell too, ran the handler again, and again, until bash
+	@# crashed ("Segmentation fault", exit 143).
+	@stop() { trap - INT TERM EXIT; kill $$(jobs -p) 2>/dev/null; wait; }; \
+	trap 'stop; exit 0' INT TERM; trap stop EXIT; \
 	$(PY) -m celery -A carousel worker -B --pool=solo -Q celery,control,delivery --loglevel=WARNING & \
 	$(PY) manage.py runserver --noreload $(ADDR) & \
 	wait -n

@@ -1,0 +1,70 @@
+"""`make run`, as a person runs it: it answers, Ctrl-C stops the worker and the web server and ends
+quietly, and everything it wrote is under CAROUSEL_VAR_DIR, nothing in the working tree."""
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What other tests running at the same time may leave in the tree (not `make run`'s doing).
+NOT_OURS = ("__pycache__/", ".pyc", ".pytest_cache/", "test-artifacts/", ".hypothesis/")
+
+
+def _tree_extras():
+    """Files in the working tree that git does not track (ignored ones too)."""
+    out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return {line[3:] for line in out.splitlines()
+            if line[:2] in ("??", "!!") and not any(part in line for part in NOT_OURS)}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_make_run_stops_quietly_on_ctrl_c_and_writes_only_under_its_var_dir(tmp_path):
+    var = tmp_path / "var"
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAROUSEL_", "DATABASE_URL", "REDIS_URL"))}
+    env["CAROUSEL_VAR_DIR"] = str(var)
+    before = _tree_extras()
+    # `-o venv -o client`: the suite's own make has just made them; a test never reinstalls the
+    # environment it runs in. A session of its own, as a terminal's foreground job is.
+    proc = subprocess.Popen(["make", "-o", "venv", "-o", "client", "run", f"ADDR=127.0.0.1:{port}"], cwd=ROOT,
+                            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _answers(f"http://127.0.0.1:{port}/accounts/login/"):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "make run did not answer"
+            time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode in (0, -signal.SIGINT), out[-3000:]
+    for noise in ("Traceback", "Segmentation fault", "Terminated", "make: ***", "Unrecoverable error"):
+        assert noise not in out, out[-3000:]
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # nothing of it should be left to kill
+        left_running = True
+    except ProcessLookupError:
+        left_running = False
+    assert not left_running, "make run left processes running"
+    assert (var / "carousel.sqlite3").exists() and (var / "static").is_dir() and (var / "celery-control").is_dir()
+    assert _tree_extras() - before == set()
