@@ -103,14 +103,16 @@ def test_a_home_the_user_cannot_read_is_one_line_for_carousel_and_nothing_for_th
     (home / ".config" / "carousel" / "client.ini").write_text("[carousel]\ntoken = root's\n")
     home.chmod(0o700)
     # Everything is imported as root (the interpreter lives in root's home here), then the
-    # process becomes nobody, as xrootd -R nobody is.
-    code = ("import certifi, httpcore, json, os, pwd, sys; certifi.where(); sys.path.insert(0, {client!r}); from carousel_client import cli, xrd; "
+    # process becomes nobody, as xrootd -R nobody is. The hook has its token in the environment;
+    # the command then needs the file's.
+    client = str(Path(__file__).resolve().parent.parent / "client")
+    code = (f"import certifi, httpcore, json, os, pwd, sys; certifi.where(); sys.path.insert(0, {client!r}); "
+            "from carousel_client import cli, xrd; "
             "nobody = pwd.getpwnam('nobody'); os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid); "
             "os.environ['CAROUSEL_TOKEN'] = 'k'; xrd.client(); print('hook configured', flush=True); "
-            "del os.environ['CAROUSEL_TOKEN']; sys.exit(cli.main(['ls']))")  # the command needs the file's token
-    done = subprocess.run([sys.executable, "-c", code.format(client=str(Path(__file__).resolve().parent.parent / "client"))],
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(home), "CAROUSEL_URL": "http://127.0.0.1:9"},
-                          cwd="/", capture_output=True, text=True, timeout=60)
+            "del os.environ['CAROUSEL_TOKEN']; sys.exit(cli.main(['ls']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(home), "CAROUSEL_URL": "http://127.0.0.1:9"})
     assert done.stdout == "hook configured\n", done.stderr
     assert done.returncode == api.EXIT_CONFIG, done.stderr
     assert done.stderr.splitlines() == [f"carousel: cannot read {home}/.config/carousel/client.ini: Permission "

@@ -64,11 +64,11 @@ class Config:
         if not url:
             raise ClientError("no Carousel server configured", code=EXIT_CONFIG,
                               hint=f"set CAROUSEL_URL (e.g. https://carousel.example.org) or url in {CONFIG_FILE}")
-        if urlsplit(url).path.rstrip("/").endswith(API.rstrip("/")):
+        api = API.rstrip("/")
+        if urlsplit(url).path.rstrip("/").endswith(api):
             # The client adds /api/v1/ itself: with it in the address every call is a 404.
-            raise ClientError(f"{source} ends in {API.rstrip('/')} ({url}): give the server's address without it, "
-                              f"e.g. {url.rstrip('/')[:-len(API.rstrip('/'))] or 'https://carousel.example.org'}",
-                              code=EXIT_CONFIG)
+            raise ClientError(f"{source} ends in {api} ({url}): give the server's address, "
+                              f"{url.rstrip('/').removesuffix(api)}; the client adds {api}/ itself", code=EXIT_CONFIG)
         if token_file:
             try:
                 token = Path(os.path.expanduser(token_file)).read_text().strip()
@@ -125,10 +125,10 @@ class Client:
                  sleep=time.sleep, transport=None):
         self.config, self.patience, self.sleep = config, patience, sleep
         self.reach_patience = patience if reach_patience is None else reach_patience
-        self.http = httpx.Client(base_url=config.url, timeout=httpx.Timeout(timeout, connect=connect_timeout or timeout),
-                                 transport=transport, headers={
-            "Authorization": authorization(config.token), "Accept": "application/json",
-            "User-Agent": f"carousel-client/{__version__}"})
+        self.http = httpx.Client(
+            base_url=config.url, timeout=httpx.Timeout(timeout, connect=connect_timeout or timeout),
+            transport=transport, headers={"Authorization": authorization(config.token), "Accept": "application/json",
+                                          "User-Agent": f"carousel-client/{__version__}"})
 
     def request(self, method, path, **kwargs):
         url = path if path.startswith(("http://", "https://")) else API + path.lstrip("/")
