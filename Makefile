@@ -40,13 +40,15 @@ run: venv client
 	$(PY) manage.py demo $(if $(DEMO),--any-database)
 	@echo "Carousel at http://$(ADDR)/  (admin: http://$(ADDR)/admin/, API: http://$(ADDR)/api/docs/)"
 	@# Worker (with beat inside) and web server together; when either stops, both stop. Ctrl-C
-	@# stops both and ends quietly. The handler clears the traps before it signals its children:
-	@# a `kill 0` there signalled this shell too, ran the handler again, and again, until bash
-	@# crashed ("Segmentation fault", exit 143).
-	@stop() { trap - INT TERM EXIT; kill $$(jobs -p) 2>/dev/null; wait; }; \
-	trap 'stop; exit 0' INT TERM; trap stop EXIT; \
-	$(PY) -m celery -A carousel worker -B --pool=solo -Q celery,control,delivery --loglevel=WARNING & \
-	$(PY) manage.py runserver --noreload $(ADDR) & \
+	@# stops both and ends quietly: each server runs in a session of its own (setsid), so the
+	@# terminal's SIGINT reaches only make and this shell, which sends each server one TERM, the
+	@# signal it shuts down cleanly on (a worker hit by both could leave its beat running). The
+	@# handler clears the traps first: a `kill 0` there signalled this shell too and ran the
+	@# handler again, and again, until bash crashed ("Segmentation fault", exit 143).
+	@stop() { trap - INT TERM HUP EXIT; kill $$(jobs -p) 2>/dev/null; wait; }; \
+	trap 'stop; exit 0' INT TERM HUP; trap stop EXIT; \
+	setsid $(PY) -m celery -A carousel worker -B --pool=solo -Q celery,control,delivery --loglevel=WARNING & \
+	setsid $(PY) manage.py runserver --noreload $(ADDR) & \
 	wait -n
 
 # Debian packages the tests need, installed when missing (this machine's kind: Debian 12, root).

@@ -34,6 +34,20 @@ def _answers(url):
         return False
 
 
+def _processes_of(var):
+    """The pids of the processes started with CAROUSEL_VAR_DIR=var (make, its shell, the servers)."""
+    mark = f"CAROUSEL_VAR_DIR={var}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
 def test_make_run_stops_quietly_on_ctrl_c_and_writes_only_under_its_var_dir(tmp_path):
     var = tmp_path / "var"
     port = _free_port()
@@ -51,20 +65,18 @@ def test_make_run_stops_quietly_on_ctrl_c_and_writes_only_under_its_var_dir(tmp_
             assert proc.poll() is None, proc.communicate()[0]
             assert time.monotonic() < deadline, "make run did not answer"
             time.sleep(0.3)
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals its foreground group
+        # Until every process that shares its output has ended.
         out, _ = proc.communicate(timeout=120)
+        left = _processes_of(var)
     finally:
+        for pid in _processes_of(var):
+            os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode in (0, -signal.SIGINT), out[-3000:]
     for noise in ("Traceback", "Segmentation fault", "Terminated", "make: ***", "Unrecoverable error"):
         assert noise not in out, out[-3000:]
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # nothing of it should be left to kill
-        left_running = True
-    except ProcessLookupError:
-        left_running = False
-    assert not left_running, "make run left processes running"
+    assert left == [], "make run left processes running"
     assert (var / "carousel.sqlite3").exists() and (var / "static").is_dir() and (var / "celery-control").is_dir()
     assert _tree_extras() - before == set()
