@@ -8,16 +8,17 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What other tests running at the same time may leave in the tree (not `make run`'s doing).
-NOT_OURS = ("__pycache__/", ".pyc", ".pytest_cache/", "test-artifacts/", ".hypothesis/")
+# Not `make run`'s doing: the environment, and what other tests running at the same time leave.
+NOT_OURS = {".git", ".venv", "__pycache__", ".pytest_cache", "test-artifacts", ".hypothesis"}
 
 
-def _tree_extras():
-    """Files in the working tree that git does not track (ignored ones too)."""
-    out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    return {line[3:] for line in out.splitlines()
-            if line[:2] in ("??", "!!") and not any(part in line for part in NOT_OURS)}
+def _tree():
+    """Every file and folder in the working tree (ignored ones too), but NOT_OURS."""
+    found = set()
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in NOT_OURS]
+        found.update(os.path.join(folder, name) for name in dirs + files if not name.endswith(".pyc"))
+    return found
 
 
 def _free_port():
@@ -53,7 +54,7 @@ def test_make_run_stops_quietly_on_ctrl_c_and_writes_only_under_its_var_dir(tmp_
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CAROUSEL_", "DATABASE_URL", "REDIS_URL"))}
     env["CAROUSEL_VAR_DIR"] = str(var)
-    before = _tree_extras()
+    before = _tree()
     # `-o venv -o client`: the suite's own make has just made them; a test never reinstalls the
     # environment it runs in. A session of its own, as a terminal's foreground job is.
     proc = subprocess.Popen(["make", "-o", "venv", "-o", "client", "run", f"ADDR=127.0.0.1:{port}"], cwd=ROOT,
@@ -79,4 +80,4 @@ def test_make_run_stops_quietly_on_ctrl_c_and_writes_only_under_its_var_dir(tmp_
         assert noise not in out, out[-3000:]
     assert left == [], "make run left processes running"
     assert (var / "carousel.sqlite3").exists() and (var / "static").is_dir() and (var / "celery-control").is_dir()
-    assert _tree_extras() - before == set()
+    assert _tree() - before == set()
