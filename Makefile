@@ -29,18 +29,26 @@ $(CLIENT_STAMP): $(STAMP) $(CLIENT_SOURCES)
 	rm -rf client/build client/*.egg-info
 	touch $(CLIENT_STAMP)
 
-# The embedded default: SQLite under var/, Celery on its filesystem transport, beat inside the
-# worker. With DATABASE_URL and REDIS_URL set, the same targets use PostgreSQL and Redis.
+# The embedded default: SQLite under var/ (CAROUSEL_VAR_DIR: elsewhere; everything it writes goes
+# there), Celery on its filesystem transport, beat inside the worker. With DATABASE_URL and
+# REDIS_URL set, the same targets use PostgreSQL and Redis.
 run: venv client
-	mkdir -p var/static
+	@# WhiteNoise warns about a missing static root (the files themselves come from the apps).
+	mkdir -p "$${CAROUSEL_STATIC_ROOT:-$${CAROUSEL_VAR_DIR:-var}/static}"
 	$(PY) manage.py migrate --noinput
 	@# Demo accounts only on the embedded default; DEMO=1 asks for them in another database.
 	$(PY) manage.py demo $(if $(DEMO),--any-database)
 	@echo "Carousel at http://$(ADDR)/  (admin: http://$(ADDR)/admin/, API: http://$(ADDR)/api/docs/)"
-	@# Worker (with beat inside) and web server together; when either stops, both stop.
-	@trap 'kill 0' EXIT INT TERM; \
-	$(PY) -m celery -A carousel worker -B --pool=solo -Q celery,control,delivery --loglevel=WARNING & \
-	$(PY) manage.py runserver --noreload $(ADDR) & \
+	@# Worker (with beat inside) and web server together; when either stops, both stop. Ctrl-C
+	@# stops both and ends quietly: each server runs in a session of its own (setsid), so the
+	@# terminal's SIGINT reaches only make and this shell, which sends each server one TERM, the
+	@# signal it shuts down cleanly on (a worker hit by both could leave its beat running). The
+	@# handler clears the traps first: a `kill 0` there signalled this shell too and ran the
+	@# handler again, and again, until bash crashed ("Segmentation fault", exit 143).
+	@stop() { trap - INT TERM HUP EXIT; kill $$(jobs -p) 2>/dev/null; wait; }; \
+	trap 'stop; exit 0' INT TERM HUP; trap stop EXIT; \
+	setsid $(PY) -m celery -A carousel worker -B --pool=solo -Q celery,control,delivery --loglevel=WARNING & \
+	setsid $(PY) manage.py runserver --noreload $(ADDR) & \
 	wait -n
 
 # Debian packages the tests need, installed when missing (this machine's kind: Debian 12, root).

@@ -257,7 +257,7 @@ BENCHMARKS = [
         services=False, minutes=1),
     Benchmark(
         "replay", "Replays of the shipped workloads, shipped defaults (issues 12 and 13)", "replay.py",
-        "`manage.py simulate` of every workload in `../shared/workloads/` (TAPEID/GRPW) against the "
+        "`manage.py simulate` of every workload in `tests/workloads/` (TAPEID/GRPW) against the "
         "simulated library, with both baselines and the lower bound; makespans are simulated seconds and "
         "do not depend on the machine's load.",
         [Figure("bnl-704: × eradat", replay_vs_eradat("bnl-704"), "×", (">=", 1.7), 2),

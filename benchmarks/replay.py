@@ -38,6 +38,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "carousel.settings")
 SORTS = ("NONE", "TAPEID", "SLIDER")
 SHARES = ("EQUAL", "GROUP", "GRPW")
 DEFAULT = ("TAPEID", "GRPW")
+WORKLOADS = ROOT / "tests" / "workloads"  # the shipped workloads, in the repository
 
 
 def broker(path, sort, share, scratch, extra=()):
@@ -190,7 +191,7 @@ def ablation(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--workloads", default=str(ROOT.parent / "shared" / "workloads"))
+    parser.add_argument("--workloads", default=str(WORKLOADS))
     parser.add_argument("--only", nargs="*", help="workload names (file names without extension)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--jobs", type=int, default=1)

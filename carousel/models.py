@@ -406,6 +406,9 @@ class Bulk(models.Model):
                               db_index=False)
 
     class Meta:
+        # Every page, the API's texts and the CLI say "submission"; the model keeps its name.
+        verbose_name = "submission"
+        verbose_name_plural = "submissions"
         indexes = [models.Index(fields=["user", "-created_at"]),
                    models.Index(fields=["label"], name="bulk_label", condition=~Q(label="")),
                    # The loop's completion notices look only at submissions still to be told.

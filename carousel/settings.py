@@ -231,11 +231,16 @@ if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
 else:
     _queue_dir = VAR_DIR / "celery-queue"
-    _queue_dir.mkdir(parents=True, exist_ok=True)
+    # The fanout exchanges' tables (the worker's remote control); kombu's default is control/
+    # in the working directory.
+    _control_dir = VAR_DIR / "celery-control"
+    for _dir in (_queue_dir, _control_dir):
+        _dir.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
+        "control_folder": str(_control_dir),
         "store_processed": False,
     }
 CELERY_TASK_IGNORE_RESULT = True

@@ -45,6 +45,7 @@ def requests_page(request):
         "next_query": _with(query, after=next_after) if next_after else "",
         "first_query": query.urlencode() if data.get("after") else None,
         "here": request.get_full_path(), "active_states": ACTIVE_STATES,
+        "cancellable": any(r.state in ACTIVE_STATES for r in rows),
     })
 
 

@@ -92,7 +92,7 @@ def test_submit_a_list_wait_status_ls_and_why(carousel, alice, tmp_path):
     assert all(r["priority"] == 2 and Path(r["disk_path"]).read_bytes() == (carousel.archive / r["path"][1:])
                .read_bytes() for r in rows)
     code, out, _ = run(carousel, alice, "ls", "--path", "file3")
-    assert code == 0 and out.count("\n") == 1 and "done" in out and paths[3] in out
+    assert code == 0 and out.count("\n") == 2 and out.startswith("      ID  STATE") and paths[3] in out
 
     code, out, _ = run(carousel, alice, "why", paths[0])
     assert code == 0 and f"{paths[0]}: done" in out and f"on disk at {carousel.disk}{paths[0]}" in out
@@ -208,3 +208,139 @@ def test_a_reader_that_goes_away_is_not_an_error(carousel, alice):
     os.close(write_end)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0 and b"Traceback" not in err, err
+
+
+# The command line's own decisions, against a scripted server (no live Carousel) --------------
+
+from carousel_client import cli as client_cli  # noqa: E402
+
+BULK = "5f0c5a4e-1b7e-4f3a-9a61-0c6f3b1c2d7e"
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """`carousel` talking to `answers` (path -> JSON body, or an exception to raise); what it
+    asked for and the pauses it took are recorded."""
+    monkeypatch.setenv("CAROUSEL_URL", "http://carousel.test")
+    monkeypatch.setenv("CAROUSEL_TOKEN", "k")
+    monkeypatch.delenv("CAROUSEL_RETRY_S", raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")
+    seen, slept, answers = [], [], {}
+
+    def server(request):
+        seen.append(request.url.path)
+        answer = answers.get(request.url.path)
+        if isinstance(answer, Exception):
+            raise answer
+        if answer is None:
+            return httpx.Response(404, json={"detail": "Not found.", "code": "not_found"})
+        return httpx.Response(200, json=answer)
+    real = client_api.Client
+    monkeypatch.setattr(client_cli.api, "Client", lambda config, **kw: real(
+        config, transport=httpx.MockTransport(server), sleep=slept.append, **kw))
+    return answers, seen, slept
+
+
+def lines_of(text):
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_a_refused_server_ends_the_command_at_once_naming_its_address(scripted, capsys, monkeypatch):
+    answers, _, slept = scripted
+    answers["/api/v1/requests/"] = httpx.ConnectError("[Errno 111] Connection refused")
+    assert client_cli.main(["ls"]) == client_api.EXIT_UNAVAILABLE
+    assert slept == []  # no retries without CAROUSEL_RETRY_S
+    assert "cannot reach Carousel at http://carousel.test" in capsys.readouterr().err
+    assert client_cli.patience(None)["connect_timeout"] < 5  # an unreachable host is not waited for either
+    monkeypatch.setenv("CAROUSEL_RETRY_S", "20")
+    assert client_cli.main(["ls"]) == client_api.EXIT_UNAVAILABLE
+    assert slept and sum(slept) <= 20
+    assert "CAROUSEL_RETRY_S" in client_cli.EPILOG and "within 5 s" in client_cli.EPILOG
+
+
+def test_an_address_ending_in_api_v1_is_named(scripted, capsys, monkeypatch):
+    _, seen, _ = scripted
+    monkeypatch.setenv("CAROUSEL_URL", "https://carousel.example.org/api/v1/")
+    assert client_cli.main(["ls"]) == client_api.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "CAROUSEL_URL ends in /api/v1" in err and "https://carousel.example.org" in err and seen == []
+
+
+def test_why_takes_a_path_or_a_request_id_and_offers_to_submit_only_paths(scripted, capsys):
+    answers, seen, _ = scripted
+    assert client_cli.main(["why", "351"]) == client_api.EXIT_NOT_FOUND
+    assert seen == ["/api/v1/requests/351/"] and "carousel submit" not in capsys.readouterr().err
+    answers["/api/v1/requests/352/"] = {"id": 352, "path": "/exp/a", "state": "done", "disk_path": "/disk/exp/a"}
+    assert client_cli.main(["why", "352"]) == 0
+    assert "/exp/a: done (request 352)" in capsys.readouterr().out
+    assert client_cli.main(["why", "run7/file.root"]) == client_api.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "is neither a path nor a request id" in err and "carousel submit" not in err
+    answers["/api/v1/requests/"] = {"results": [], "next": None}
+    assert client_cli.main(["why", "/exp/b"]) == client_api.EXIT_NOT_FOUND
+    assert "carousel submit /exp/b" in capsys.readouterr().err  # a path: asking for it makes sense
+
+
+@pytest.mark.parametrize("states, shown", [({"done": 1, "cancelled": 2}, "--state cancelled"),
+                                           ({"failed": 1, "expired": 1}, "--state failed,expired")])
+def test_wait_points_at_the_files_that_did_not_come_back(scripted, capsys, states, shown):
+    answers, _, _ = scripted
+    answers[f"/api/v1/bulks/{BULK}/"] = {"id": BULK, "files": 3, "states": states}
+    answers["/api/v1/requests/"] = {"results": [], "next": None}
+    assert client_cli.main(["wait", BULK]) in (client_api.EXIT_FAILED, client_api.EXIT_CANCELLED)
+    assert f"(see: carousel ls --bulk {BULK} {shown})" in capsys.readouterr().out
+
+
+def test_ls_has_a_header_and_its_json_is_the_servers_rows(scripted, capsys):
+    answers, _, _ = scripted
+    rows = [{"id": 7, "state": "done", "size": 1500, "tape": "T1", "path": "/exp/a"},
+            {"id": 6, "state": "queued", "size": None, "tape": None, "path": "/exp/b"}]
+    answers["/api/v1/requests/"] = {"results": rows, "next": None}
+    assert client_cli.main(["ls"]) == 0
+    out = lines_of(capsys.readouterr().out)
+    assert out[0].split() == ["ID", "STATE", "SIZE", "TAPE", "PATH"] and len(out) == 3
+    assert out[0].index("STATE") == out[1].index("done") and out[1].endswith("/exp/a")
+    assert client_cli.main(["ls", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == rows
+
+
+@pytest.mark.parametrize("content, said", [
+    ("/exp/é.root\n".encode("latin-1"), "is not UTF-8 text (line 1 has the byte 0xe9)"),
+    ("/exp/a.root\n".encode("utf-16"), "is UTF-16 text"),
+    (b"\x7fELF\x02\x01\x01\x00\x00\x00", "is not a text file"),
+])
+def test_a_list_that_is_not_utf8_text_is_one_line_not_a_traceback(scripted, capsys, tmp_path, content, said):
+    _, seen, _ = scripted
+    listing = tmp_path / "list.txt"
+    listing.write_bytes(content)
+    assert client_cli.main(["submit", "--from-file", str(listing)]) == client_api.EXIT_USAGE
+    err = lines_of(capsys.readouterr().err)
+    assert len(err) == 1 and err[0].startswith(f"carousel: {listing} {said}") and "UTF-8" in err[0]
+    assert seen == []  # nothing sent
+
+
+def test_a_list_with_a_byte_order_mark_is_read(scripted, capsys, tmp_path):
+    answers, _, _ = scripted
+    answers["/api/v1/requests/"] = {"bulk_id": BULK, "files": 1, "created": 1, "existing": 0, "shared": 0}
+    listing = tmp_path / "list.txt"
+    listing.write_bytes("/exp/é.root\r\n".encode("utf-8-sig"))
+    assert client_cli.main(["submit", "--from-file", str(listing)]) == 0
+    assert capsys.readouterr().out.strip() == BULK
+
+
+def test_cancel_of_a_digit_that_is_not_ascii_is_a_usage_error(scripted, capsys):
+    _, seen, _ = scripted
+    assert client_cli.main(["cancel", "²"]) == client_api.EXIT_USAGE
+    err = lines_of(capsys.readouterr().err)
+    assert "'²' is neither a submission id, a request id nor a path" in err[0] and seen == []
+
+
+def test_an_unreadable_configuration_file_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("CAROUSEL_URL", "CAROUSEL_TOKEN", "CAROUSEL_TOKEN_FILE", "CAROUSEL_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    ini = tmp_path / ".config" / "carousel" / "client.ini"
+    ini.parent.mkdir(parents=True)
+    ini.write_bytes(b"[carousel]\nurl = http://caf\xe9.test\n")
+    assert client_cli.main(["ls"]) == client_api.EXIT_CONFIG
+    assert lines_of(capsys.readouterr().err) == [f"carousel: cannot read {ini}: it is not UTF-8 text"]

@@ -13,7 +13,7 @@ from carousel.tape import GB, MEDIA, locate_s, read_s, rewind_s, tape_work_s
 from carousel.sim.workload import Request, User, Workload, load
 from policies.order import read_order
 
-WORKLOADS = Path(__file__).resolve().parent / "workloads"  # copies of ../shared/workloads
+WORKLOADS = Path(__file__).resolve().parent / "workloads"  # the shipped workloads
 LTO7 = MEDIA["LTO-7"]
 
 

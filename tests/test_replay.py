@@ -22,7 +22,7 @@ from carousel.tape import GB
 from carousel.sim.workload import WorkloadError, load, parse
 from policies.order import read_order
 
-WORKLOADS = Path(__file__).resolve().parent / "workloads"  # copies of ../shared/workloads
+WORKLOADS = Path(__file__).resolve().parent / "workloads"  # the shipped workloads
 README_KEYS = {"workload", "policy", "baseline", "makespan_s", "lower_bound_s", "mounts", "tapes", "bytes",
                "files_done", "files_failed", "throughput_mb_s", "drive_busy_fraction", "users", "groups", "wall_s"}
 

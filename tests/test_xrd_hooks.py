@@ -1,6 +1,8 @@
 """The XRootD hooks' own decisions, without a server: the query reply within XRootD 5.5's 2 KB,
 whose identity a stage is made under, and the prepare program's command line."""
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -66,3 +68,52 @@ def test_stage_sends_on_behalf_of_only_for_a_mapped_client(tmp_path, monkeypatch
     xrd.prepare_stage(client, "rid2", ["/a"], {})
     assert sent == [{"paths": ["/a"], "label": "rid", "priority": 3, "on_behalf_of": "alice"},
                     {"paths": ["/a"], "label": "rid2"}]
+
+
+def test_a_priority_that_is_not_a_number_is_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("CAROUSEL_URL", "http://carousel.test")
+    monkeypatch.setenv("CAROUSEL_TOKEN", "k")
+    for argv in (["-p", "x", "--", "id1", "stage", "/a"], ["-p", "x"]):
+        assert xrd.prepare_main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0], err
+    with pytest.raises(ValueError, match="-p takes a priority"):
+        xrd.parse_prepare(["-p", "x", "--", "id1", "stage", "/a"])
+
+
+def test_the_hooks_run_from_their_environment_alone(tmp_path, monkeypatch):
+    # XRootD started with root's HOME: a client.ini there is not the hooks' (and may not be readable).
+    ini = tmp_path / ".config" / "carousel" / "client.ini"
+    ini.parent.mkdir(parents=True)
+    ini.write_bytes(b"[carousel]\nurl = http://elsewhere.test\ntoken = \xff\xfe\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CAROUSEL_URL", "http://carousel.test")
+    monkeypatch.setenv("CAROUSEL_TOKEN_FILE", str(tmp_path / "token"))
+    monkeypatch.delenv("CAROUSEL_TOKEN", raising=False)
+    (tmp_path / "token").write_text("k\n")
+    carousel = xrd.client()
+    assert carousel.config.url == "http://carousel.test" and carousel.config.token == "k"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becomes another user")
+def test_a_home_the_user_cannot_read_is_one_line_for_carousel_and_nothing_for_the_hooks(tmp_path):
+    # As XRootD's user with HOME still pointing at root's: the file exists, it cannot be read.
+    home = tmp_path / "root-home"
+    (home / ".config" / "carousel").mkdir(parents=True)
+    (home / ".config" / "carousel" / "client.ini").write_text("[carousel]\ntoken = root's\n")
+    home.chmod(0o700)
+    # Everything is imported as root (the interpreter lives in root's home here), then the
+    # process becomes nobody, as xrootd -R nobody is. The hook has its token in the environment;
+    # the command then needs the file's.
+    client = str(Path(__file__).resolve().parent.parent / "client")
+    code = (f"import certifi, httpcore, json, os, pwd, sys; certifi.where(); sys.path.insert(0, {client!r}); "
+            "from carousel_client import cli, xrd; "
+            "nobody = pwd.getpwnam('nobody'); os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid); "
+            "os.environ['CAROUSEL_TOKEN'] = 'k'; xrd.client(); print('hook configured', flush=True); "
+            "del os.environ['CAROUSEL_TOKEN']; sys.exit(cli.main(['ls']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(home), "CAROUSEL_URL": "http://127.0.0.1:9"})
+    assert done.stdout == "hook configured\n", done.stderr
+    assert done.returncode == api.EXIT_CONFIG, done.stderr
+    assert done.stderr.splitlines() == [f"carousel: cannot read {home}/.config/carousel/client.ini: Permission "
+                                        "denied; set CAROUSEL_CONFIG, or CAROUSEL_URL and CAROUSEL_TOKEN"]

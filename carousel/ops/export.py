@@ -1,4 +1,4 @@
-"""What really happened, as a workload (`carousel-workload/1`, shared/workloads/README.md) that
+"""What really happened, as a workload (`carousel-workload/1`, tests/workloads/README.md) that
 `manage.py simulate` replays under another policy before production changes: the requests
 submitted in a period with their arrival times and users, the tapes that held them with the
 media, positions and sizes the stager reported, the users' groups, weights and caps, and the

@@ -7,6 +7,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -45,29 +46,29 @@ class Config:
         self.url, self.token = url, token
 
     @classmethod
-    def load(cls, env=None):
-        """The environment first, then the file in the user's home (XRootD runs the hooks without
-        a home: they rely on the environment)."""
+    def load(cls, env=None, *, use_file=True):
+        """The environment first, then the file (CAROUSEL_CONFIG, or client.ini in the user's
+        home), read only for what the environment leaves out. XRootD's hooks pass use_file=False:
+        they run from their environment alone (XRootD may start them with a HOME not theirs)."""
         env = os.environ if env is None else env
-        values = {}
-        home = env.get("HOME")
-        path = Path(env.get("CAROUSEL_CONFIG") or (Path(home) / CONFIG_FILE.relative_to("~") if home else ""))
-        if str(path) and path.is_file():
-            parser = configparser.ConfigParser()
-            try:
-                parser.read(path)
-            except configparser.Error as exc:
-                raise ClientError(f"cannot read {path}: {exc}", code=EXIT_CONFIG,
-                                  hint="it is an INI file with a [carousel] section (url, token or token_file)")
-            values = dict(parser["carousel"]) if parser.has_section("carousel") else {}
-        url = env.get("CAROUSEL_URL") or values.get("url")
+        url = env.get("CAROUSEL_URL") or None
+        token = env.get("CAROUSEL_TOKEN") or None
+        token_file = None if token else (env.get("CAROUSEL_TOKEN_FILE") or None)
+        source = "CAROUSEL_URL"
+        if use_file and not (url and (token or token_file)):
+            path, values = _read_file(env)
+            if not url and values.get("url"):
+                url, source = values["url"], f"url in {path}"
+            if not token and not token_file:
+                token, token_file = values.get("token") or None, values.get("token_file") or None
         if not url:
             raise ClientError("no Carousel server configured", code=EXIT_CONFIG,
                               hint=f"set CAROUSEL_URL (e.g. https://carousel.example.org) or url in {CONFIG_FILE}")
-        token = env.get("CAROUSEL_TOKEN") or None
-        token_file = None if token else (env.get("CAROUSEL_TOKEN_FILE") or None)
-        if not token and not token_file:
-            token, token_file = values.get("token") or None, values.get("token_file") or None
+        api = API.rstrip("/")
+        if urlsplit(url).path.rstrip("/").endswith(api):
+            # The client adds /api/v1/ itself: with it in the address every call is a 404.
+            raise ClientError(f"{source} ends in {api} ({url}): give the server's address, "
+                              f"{url.rstrip('/').removesuffix(api)}; the client adds {api}/ itself", code=EXIT_CONFIG)
         if token_file:
             try:
                 token = Path(os.path.expanduser(token_file)).read_text().strip()
@@ -81,6 +82,32 @@ class Config:
         return cls(url.rstrip("/"), token)
 
 
+def _read_file(env):
+    """(path, the [carousel] section's values) of the configuration file; no file, no values. A
+    file that exists but cannot be read is an error in one line, never a traceback."""
+    home = env.get("HOME")
+    named = env.get("CAROUSEL_CONFIG") or (Path(home) / CONFIG_FILE.relative_to("~") if home else "")
+    if not str(named):
+        return None, {}
+    path = Path(named)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return path, {}
+    except UnicodeDecodeError:
+        raise ClientError(f"cannot read {path}: it is not UTF-8 text", code=EXIT_CONFIG)
+    except OSError as exc:
+        raise ClientError(f"cannot read {path}: {exc.strerror}; set CAROUSEL_CONFIG, or CAROUSEL_URL and "
+                          "CAROUSEL_TOKEN", code=EXIT_CONFIG)
+    parser = configparser.ConfigParser()
+    try:
+        parser.read_string(text, source=str(path))
+    except configparser.Error as exc:
+        raise ClientError(f"cannot read {path}: {exc}", code=EXIT_CONFIG,
+                          hint="it is an INI file with a [carousel] section (url, token or token_file)")
+    return path, dict(parser["carousel"]) if parser.has_section("carousel") else {}
+
+
 def authorization(token):
     # Carousel's own API tokens are opaque keys; WLCG tokens (JWTs) travel as bearer tokens.
     return f"Bearer {token}" if token.count(".") == 2 else f"Token {token}"
@@ -88,16 +115,20 @@ def authorization(token):
 
 class Client:
     """One HTTP client for every program. Retries what may succeed later (429 with its
-    Retry-After, 502-504, a refused connection) with growing, jittered waits, up to `patience`
-    seconds in all; never retries a refusal."""
+    Retry-After, 502-504, a refused or unreachable server) with growing, jittered waits, up to
+    `patience` seconds in all (`reach_patience` for a server that cannot be reached, if given);
+    never retries a refusal."""
 
     RETRY_STATUSES = (429, 502, 503, 504)
 
-    def __init__(self, config, *, patience=60.0, timeout=30.0, sleep=time.sleep, transport=None):
+    def __init__(self, config, *, patience=60.0, reach_patience=None, timeout=30.0, connect_timeout=None,
+                 sleep=time.sleep, transport=None):
         self.config, self.patience, self.sleep = config, patience, sleep
-        self.http = httpx.Client(base_url=config.url, timeout=timeout, transport=transport, headers={
-            "Authorization": authorization(config.token), "Accept": "application/json",
-            "User-Agent": f"carousel-client/{__version__}"})
+        self.reach_patience = patience if reach_patience is None else reach_patience
+        self.http = httpx.Client(
+            base_url=config.url, timeout=httpx.Timeout(timeout, connect=connect_timeout or timeout),
+            transport=transport, headers={"Authorization": authorization(config.token), "Accept": "application/json",
+                                          "User-Agent": f"carousel-client/{__version__}"})
 
     def request(self, method, path, **kwargs):
         url = path if path.startswith(("http://", "https://")) else API + path.lstrip("/")
@@ -113,10 +144,12 @@ class Client:
                     return self._answer(response)
             pause = _retry_after(response) if response is not None else None
             pause = delay * (0.5 + random.random()) if pause is None else pause
-            if waited + pause > self.patience:
+            unreachable = isinstance(failure, (httpx.ConnectError, httpx.ConnectTimeout))
+            if waited + pause > (self.reach_patience if unreachable else self.patience):
                 if response is None:
                     raise ClientError(f"cannot reach Carousel at {self.config.url}: {failure}", code=EXIT_UNAVAILABLE,
-                                      hint="check CAROUSEL_URL and that the server is running")
+                                      hint="check CAROUSEL_URL and that the server is running "
+                                           "(CAROUSEL_RETRY_S=SECONDS: keep trying that long)")
                 return self._answer(response)
             self.sleep(pause)
             waited += pause

@@ -2,6 +2,7 @@
 own arguments) and then prints one JSON document for scripts; errors go to standard error with
 what to do, and the exit code says what happened (api.EXIT_*)."""
 import argparse
+import codecs
 import json
 import os
 import re
@@ -19,8 +20,16 @@ BYTES_UP_TO = 5000  # submissions up to this many files also show bytes (read fr
 EPILOG = """exit codes: 0 fine; 2 bad command line; 3 no server or token configured; 4 token or action
 refused; 5 not found; 6 input refused; 7 server unreachable or failing; for wait: 10 some files
 failed, 11 some cancelled or expired, 12 --timeout passed.
-configuration: CAROUSEL_URL; CAROUSEL_TOKEN, or CAROUSEL_TOKEN_FILE, or ~/.config/carousel/client.ini;
-CAROUSEL_RETRY_S: how long to keep retrying an unreachable, failing or throttling server (60)"""
+configuration: CAROUSEL_URL (the server's address, without /api/v1); CAROUSEL_TOKEN, or
+CAROUSEL_TOKEN_FILE, or ~/.config/carousel/client.ini (CAROUSEL_CONFIG: another file).
+CAROUSEL_RETRY_S: how many seconds to keep retrying a server that is unreachable, failing or
+throttling. Unset: a refused or unreachable server ends the command at once (within 5 s, exit 7),
+and a failing or throttling one is retried for 60 s."""
+
+# Without CAROUSEL_RETRY_S a person is waiting: an address that does not answer is an error at
+# once, and an unreachable host may take at most this long to say so.
+CONNECT_TIMEOUT_S = 4.0
+SERVER_PATIENCE_S = 60.0
 
 
 def build_parser():
@@ -67,7 +76,7 @@ def build_parser():
                         help="a submission id (UUID), a request id (number) or a path")
 
     why = commands.add_parser("why", help="where a file's request stands and why it is not restored yet")
-    why.add_argument("path", metavar="PATH")
+    why.add_argument("path", metavar="PATH|ID", help="the file's path, or a request id (as `carousel ls` shows)")
     return parser
 
 
@@ -80,7 +89,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     args.json = as_json
     try:
-        client = api.Client(api.Config.load(), patience=float(os.environ.get("CAROUSEL_RETRY_S") or 60))
+        client = api.Client(api.Config.load(), **patience(os.environ.get("CAROUSEL_RETRY_S")))
         return COMMANDS[args.command](client, args) or api.EXIT_OK
     except ClientError as error:
         return api.report(error, as_json=as_json)
@@ -91,6 +100,19 @@ def main(argv=None):
         # /dev/null so the interpreter's own flush at exit does not fail on the pipe again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return api.EXIT_OK
+
+
+def patience(retry_s):
+    """The HTTP client's patience from CAROUSEL_RETRY_S (see EPILOG)."""
+    if not retry_s:
+        return {"patience": SERVER_PATIENCE_S, "reach_patience": 0.0, "connect_timeout": CONNECT_TIMEOUT_S}
+    try:
+        seconds = float(retry_s)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ClientError(f"CAROUSEL_RETRY_S is {retry_s!r}: give a number of seconds", code=api.EXIT_CONFIG)
+    return {"patience": seconds}
 
 
 def out(args, data, text):
@@ -104,12 +126,13 @@ def read_paths(args):
     sources = list(args.paths)
     if args.from_file:
         try:
-            with open(args.from_file) as f:
-                paths += _lines(f)
+            with open(args.from_file, "rb") as f:
+                paths += _lines(_text(f.read(), args.from_file))
         except OSError as exc:
             raise ClientError(f"cannot read {args.from_file}: {exc.strerror}", code=api.EXIT_USAGE)
     if "-" in sources:
-        paths += _lines(sys.stdin)
+        stdin = getattr(sys.stdin, "buffer", None)
+        paths += _lines(_text(stdin.read(), "standard input") if stdin else sys.stdin.read())
     paths += [p for p in sources if p != "-"]
     if not paths:
         raise ClientError("no paths to submit", code=api.EXIT_USAGE,
@@ -117,8 +140,30 @@ def read_paths(args):
     return paths
 
 
-def _lines(f):
-    return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+def _text(data, name):
+    """A list of paths as text: UTF-8 (with or without a byte-order mark), else one line that
+    says what the file is instead."""
+    fix = "save it as UTF-8 text, one path a line"
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise ClientError(f"{name} is UTF-16 text: {fix}", code=api.EXIT_USAGE)
+    if b"\0" in data:
+        raise ClientError(f"{name} is not a text file (it holds NUL bytes: binary, or UTF-16): {fix}",
+                          code=api.EXIT_USAGE)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ClientError(f"{name} is not UTF-8 text (line {line} has the byte {data[exc.start]:#04x}): {fix}",
+                          code=api.EXIT_USAGE) from None
+
+
+def _lines(text):
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _request_id(text):
+    """A request id as typed: ASCII digits only ('²'.isdigit() is true, and int('²') fails)."""
+    return re.fullmatch(r"[0-9]+", text) is not None
 
 
 def cmd_submit(client, args):
@@ -220,7 +265,9 @@ def cmd_wait(client, args):
     result = {api.EXIT_OK: "restored", api.EXIT_FAILED: "failed", api.EXIT_CANCELLED: "cancelled"}[code]
     text = f"{snap['done']} of {snap['files']} files restored"
     if failed or gone:
-        text += f"; {failed} failed, {gone} cancelled or expired (see: carousel ls --bulk {bulk_id} --state failed)"
+        unfinished = ",".join(s for s in ("failed", "cancelled", "expired") if states.get(s))
+        text += (f"; {failed} failed, {gone} cancelled or expired "
+                 f"(see: carousel ls --bulk {bulk_id} --state {unfinished})")
     out(args, {**snap, "result": result}, text)
     return code
 
@@ -251,8 +298,10 @@ def cmd_ls(client, args):
         rows.append(row)
         if args.limit and len(rows) >= args.limit:
             break
-    text = "\n".join(f"{r['id']:>8}  {r['state']:<10}  {_size(r['size']):>9}  {r['tape'] or '-':<8}  {r['path']}"
-                     for r in rows) or "(no requests)"
+    line = "{:>8}  {:<10}  {:>9}  {:<8}  {}".format
+    text = "\n".join([line("ID", "STATE", "SIZE", "TAPE", "PATH")]
+                     + [line(r["id"], r["state"], _size(r["size"]), r["tape"] or "-", r["path"]) for r in rows]) \
+        if rows else "(no requests)"
     out(args, rows, text)
 
 
@@ -262,7 +311,7 @@ def cmd_cancel(client, args):
     for target in args.targets:
         if target.startswith("/"):
             paths.append(target)
-        elif target.isdigit():
+        elif _request_id(target):
             ids.append(int(target))
         else:
             try:
@@ -286,11 +335,17 @@ def cmd_cancel(client, args):
 
 
 def cmd_why(client, args):
-    found = client.requests_for_path(args.path)
-    if not found:
-        raise ClientError(f"you have no request for {args.path}", code=api.EXIT_NOT_FOUND,
-                          hint=f"ask for it with: carousel submit {args.path}")
-    detail = client.get(f"requests/{found[0]['id']}/")
+    if _request_id(args.path):  # a request id, as `carousel ls` shows them
+        detail = client.get(f"requests/{args.path}/")
+    elif args.path.startswith("/"):
+        found = client.requests_for_path(args.path)
+        if not found:
+            raise ClientError(f"you have no request for {args.path}", code=api.EXIT_NOT_FOUND,
+                              hint=f"ask for it with: carousel submit {args.path}")
+        detail = client.get(f"requests/{found[0]['id']}/")
+    else:
+        raise ClientError(f"{args.path!r} is neither a path nor a request id", code=api.EXIT_USAGE,
+                          hint="paths start with '/'; request ids are the first column of `carousel ls`")
     state = detail["state"]
     lines = [f"{detail['path']}: {state} (request {detail['id']})"]
     if state == "done":

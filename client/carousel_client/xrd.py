@@ -14,6 +14,7 @@
 import fnmatch
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -37,7 +38,9 @@ def log(message):
 
 
 def client(patience=600.0):
-    return api.Client(api.Config.load(), patience=patience)
+    # The environment alone: XRootD may run the hooks with a HOME that is not its user's, whose
+    # configuration file it cannot read (or should not use).
+    return api.Client(api.Config.load(use_file=False), patience=patience)
 
 
 # --- Identity ------------------------------------------------------------------------------
@@ -161,6 +164,9 @@ def parse_prepare(argv):
             options[flag] = args.pop(0)
         else:
             options[flag] = True
+    priority = options.get("-p")
+    if priority is not None and not re.fullmatch(r"[0-9]+", str(priority)):
+        raise ValueError(f"-p takes a priority, a whole number (0 to 3), not {priority!r}")
     if not args or len(args) < 3:
         raise ValueError("usage: carousel-xrd-prepare [options] -- REQID stage|prep|cancel|evict|query [PATH...]")
     _, reqid, action, *paths = args
@@ -172,7 +178,7 @@ def prepare_main(argv=None):
     try:
         options, reqid, action, paths = parse_prepare(argv)
     except ValueError as exc:
-        print(exc, file=sys.stderr)
+        log(str(exc))
         return 2
     try:
         carousel = client(patience=20.0)

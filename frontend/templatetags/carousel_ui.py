@@ -1,5 +1,7 @@
-"""Formatting for the pages: durations, estimate ranges, shares."""
+"""Formatting for the pages: durations, estimate ranges, shares, paths."""
 from django import template
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
 
 register = template.Library()
 
@@ -50,3 +52,10 @@ def percent(fraction):
 def per_hour(rate):
     """A rate per second as a whole number an hour."""
     return f"{rate * 3600:,.0f}"
+
+
+@register.filter
+def path_breaks(path):
+    """A path that wraps after its slashes, never inside a name: a line-break opportunity
+    (<wbr>) after each "/" (the CSS breaks a single name longer than the line only as a fallback)."""
+    return mark_safe(escape(path).replace("/", "/<wbr>"))
