@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('carousel', '0004_bulk_cancelled_at'),
+        ('carousel', '0005_destination_layout'),
     ]
 
     operations = [
