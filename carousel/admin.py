@@ -66,6 +66,8 @@ class ControlForm(forms.ModelForm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         for field, registry in (("sort_policy", "CAROUSEL_SORT_POLICIES"), ("share_policy", "CAROUSEL_SHARE_POLICIES")):
+            if field not in self.fields:
+                continue  # shown read-only: a viewer without the change permission
             names = sorted(getattr(settings, registry))
             self.fields[field] = forms.ChoiceField(choices=[(n, n) for n in names],
                                                    help_text=self.fields[field].help_text)

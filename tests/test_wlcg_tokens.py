@@ -9,7 +9,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from carousel.grid import tokens as wlcg
-from carousel.models import Account, Bulk, RestoreRequest, WlcgGroupMap, WlcgIdentity
+from carousel.models import Account, Bulk, PathPrefix, RestoreRequest, WlcgGroupMap, WlcgIdentity
 from tests.conftest import client_for
 from tests.fakes.wlcg_issuer import Issuer
 
@@ -121,24 +121,34 @@ def test_missing_stage_scope_is_403(issuer):
     assert not RestoreRequest.objects.exists()
 
 
-def test_tokens_without_capability_scopes_are_authorised_by_mapped_groups(issuer):
-    prod = Group.objects.create(name="atlas-production")
+def test_a_tokens_groups_apply_to_its_own_request_on_top_of_its_scopes(issuer, settings):
+    """wlcg.groups choose the path prefixes of that request only, never instead of a scope; the
+    membership is recorded once, not rewritten by each token (issue 25)."""
+    settings.CAROUSEL_PATH_AUTHORIZATION = "group-prefixes"
+    prod, users = Group.objects.create(name="atlas-production"), Group.objects.create(name="atlas-users")
+    PathPrefix.objects.create(group=prod, prefix="/atlas/prod")
+    PathPrefix.objects.create(group=users, prefix="/atlas/user")
     WlcgGroupMap.objects.create(wlcg_group="/atlas/production", group=prod)
-    token = issuer.mint(sub="svc", scope=None, groups=["/atlas", "/atlas/production"])
-    r = stage(bearer(token), "/atlas/data/f")
-    assert r.status_code == 201, r.content
+    WlcgGroupMap.objects.create(wlcg_group="/atlas/users", group=users)
+    assert stage(bearer(issuer.mint(sub="svc", scope=None, groups=["/atlas/production"])),
+                 "/atlas/prod/f").status_code == 403  # groups without a storage scope: nothing
+    as_prod = bearer(issuer.mint(sub="svc", scope="storage.stage:/", groups=["/atlas", "/atlas/production"]))
+    as_users = bearer(issuer.mint(sub="svc", scope="storage.stage:/", groups=["/atlas/users"]))
+    assert stage(as_prod, "/atlas/prod/f").status_code == 201
+    assert stage(as_users, "/atlas/prod/g").status_code == 403  # the other token's group does not lend its prefix
+    assert stage(as_users, "/atlas/user/g").status_code == 201
+    assert stage(as_prod, "/atlas/prod/h").status_code == 201  # and nothing was taken away meanwhile
     user = WlcgIdentity.objects.get(subject="svc").user
-    assert list(user.groups.all()) == [prod]
-    # accounted to the group the token names
-    assert RestoreRequest.objects.get().group == prod
-    # a group the token no longer names is taken away
-    stage(bearer(issuer.mint(sub="svc", scope=None, groups=["/atlas"])), "/atlas/data/g")
-    assert not user.groups.exists()
+    assert set(user.groups.all()) == {prod, users}
+    # accounted to the group its own token names
+    assert RestoreRequest.objects.get(path="/atlas/prod/f").group == prod
+    assert RestoreRequest.objects.get(path="/atlas/user/g").group == users
     # the operator's group for the account wins over the token's
     ops = Group.objects.create(name="ops")
+    PathPrefix.objects.create(group=ops, prefix="/atlas/ops")
     Account.objects.update_or_create(user=user, defaults={"group": ops})
-    stage(bearer(issuer.mint(sub="svc", scope=None, groups=["/atlas/production"])), "/atlas/data/h")
-    assert RestoreRequest.objects.get(path="/atlas/data/h").group == ops
+    assert stage(as_prod, "/atlas/prod/i").status_code == 201
+    assert RestoreRequest.objects.get(path="/atlas/prod/i").group == ops
 
 
 def test_keys_are_cached_and_an_unknown_kid_does_not_refetch_every_time(issuer):
