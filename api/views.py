@@ -106,11 +106,7 @@ class RequestDetail(generics.RetrieveAPIView):
 def _request_for(request, action, pk, queryset=None):
     """The request `pk` if the caller may do `action` on it: else 404 (not visible) or 403."""
     req = get_object_or_404(queryset if queryset is not None else RestoreRequest.objects.all(), pk=pk)
-    refusal = policy.request_refusal(policy.identity(request), action, req)
-    if refusal:
-        status, why = refusal
-        raise exceptions.NotFound(f"no request {pk} visible to you") if status == 404 \
-            else exceptions.PermissionDenied(why)
+    policy.check_request(policy.identity(request), action, req)
     return req
 
 
@@ -206,9 +202,7 @@ class BulkCancel(APIView):
         who = policy.identity(request)
         policy.require_scope(who, policy.CANCEL)
         bulk = get_object_or_404(selectors.visible_bulks(request.user), pk=pk)
-        refusal = policy.bulk_refusal(who, policy.CANCEL, bulk)
-        if refusal:
-            raise exceptions.PermissionDenied(refusal[1])
+        policy.check_bulk(who, policy.CANCEL, bulk)
         whole = policy.bulk_whole(who, selectors.bulk_paths(bulk) if who.grant else [])
         count, pairs = services.bulk_cancel(bulk=bulk, now=timezone.now(), whole=whole,
                                             allowed=policy.actionable_requests(who, policy.CANCEL))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
-from carousel.domain.exceptions import NotAllowed
+from carousel.domain.exceptions import NotAllowed, NotFound
 from carousel.domain.paths import under_any
 from carousel.models import Account, Bulk, RestoreRequest
 
@@ -202,21 +202,21 @@ def actionable_requests(who, action):
     return qs if scope is None else qs.filter(scope)
 
 
-def request_refusal(who, action, req):
-    """None when the identity may do `action` on the request `req`; else (status, why): 404
-    where it may not even see it, 403 where it sees it but may not do this."""
+def check_request(who, action, req):
+    """Raise unless the identity may do `action` on the request `req`: NotFound (404) where it
+    may not even see it, NotAllowed (403) where it sees it but may not do this, InsufficientScope
+    (403 and RFC 6750's header) where its token's scopes do not cover the path."""
     who = _as_identity(who)
     user = who.user
     mine = req.user_id == user.pk or (req.bulk_id is not None and acts_for_others(user)
                                       and Bulk.objects.filter(pk=req.bulk_id, submitter=user).exists())
     if not mine and not may_see_all(user):
-        return 404, "no such request visible to you"
+        raise NotFound(f"no request {req.pk} visible to you")
     if action != READ and not mine and not may_change_all(user):
-        return 403, ("you may see this request but not act on it: acting on another user's request needs "
-                     "the change permission on restore requests")
+        raise NotAllowed("you may see this request but not act on it: acting on another user's request needs "
+                         "the change permission on restore requests")
     if not scope_allows(who, action, req.path):
-        return 403, f"the token's scopes do not allow {action} of {req.path[:300]}"
-    return None
+        raise InsufficientScope(f"the token's scopes do not allow {action} of {req.path[:300]}")
 
 
 def visible_bulks(who):
@@ -229,20 +229,18 @@ def visible_bulks(who):
     return qs.filter(Q(user=user) | Q(submitter=user)) if acts_for_others(user) else qs.filter(user=user)
 
 
-def bulk_refusal(who, action, bulk):
-    """As request_refusal, for a whole submission (its requests are then filtered one by one
-    with actionable_requests: a service account's submission may hold a person's own request)."""
+def check_bulk(who, action, bulk):
+    """As check_request, for a whole submission (its requests are then filtered one by one with
+    actionable_requests: a service account's submission may hold a person's own request)."""
     who = _as_identity(who)
     user = who.user
     mine = user.pk in (bulk.user_id, bulk.submitter_id)
     if not mine and not may_see_all(user, "bulk"):
-        return 404, "no such submission visible to you"
+        raise NotFound(f"no submission {bulk.pk} visible to you")
     if action != READ and not mine and not may_change_all(user):
-        return 403, ("you may see this submission but not cancel it: cancelling another user's requests "
-                     "needs the change permission on restore requests")
-    if not scope_allows_any(who, action):
-        return 403, "insufficient_scope"
-    return None
+        raise NotAllowed("you may see this submission but not cancel it: cancelling another user's requests "
+                         "needs the change permission on restore requests")
+    require_scope(who, action)
 
 
 def bulk_whole(who, paths):
