@@ -15,7 +15,7 @@ from carousel.domain import pins
 from carousel.domain import policy
 from carousel.domain import selectors
 from carousel.domain import services
-from carousel.models import RestoreRequest
+from carousel.models import Bulk, RestoreRequest
 from carousel.outlook import estimates
 from carousel.tasks import withdraw_on_commit
 
@@ -142,10 +142,12 @@ class RequestCancelMany(APIView):
         if data["all_users"] and not policy.may_act_for_all_users(request.user):
             raise exceptions.PermissionDenied("cancelling every user's requests for these paths needs the change "
                                               "permission on restore requests")
-        requests = (policy.actionable_requests(who, policy.CANCEL) if data["all_users"]
-                    else policy.own_requests(who, policy.CANCEL))
-        count, pairs, unmatched = services.request_cancel_paths(requests=requests, paths=data["paths"],
-                                                                now=timezone.now())
+        if data["all_users"]:
+            requests, bulks = policy.actionable_requests(who, policy.CANCEL), Bulk.objects.all()
+        else:
+            requests, bulks = policy.own_requests(who, policy.CANCEL), policy.own_bulks(who)
+        count, pairs, unmatched = services.request_cancel_paths(requests=requests, bulks=bulks,
+                                                                paths=data["paths"], now=timezone.now())
         withdraw_on_commit(pairs)
         return Response({"cancelled": count, "not_active": unmatched[:1000]})
 

@@ -243,6 +243,13 @@ def check_bulk(who, action, bulk):
     require_scope(who, action)
 
 
+def own_bulks(who):
+    """The identity's own submissions, and a service account's made for others: what the forms
+    by path look into for files still in the intake."""
+    user = _as_identity(who).user
+    return Bulk.objects.filter(Q(user=user) | Q(submitter=user))
+
+
 def bulk_whole(who, paths):
     """Whether the identity's cancel covers every path of a submission: then the submission
     itself is marked cancelled (a token scoped to part of it cancels that part only)."""

@@ -221,10 +221,10 @@ def bulk_cancel(*, bulk, now, reason="cancelled by the user", allowed=None, whol
         return request_cancel(queryset=chosen, now=now, reason=reason)
 
 
-def request_cancel_paths(*, requests, paths, now, reason="cancelled by the user"):
+def request_cancel_paths(*, requests, bulks, paths, now, reason="cancelled by the user"):
     """Cancel the active requests of `requests` (policy.own_requests of the caller, or
     everyone's) for these paths, files still waiting in the intake included: the submissions
-    holding them are queued first, in the same transaction, so that those files are cancelled
+    of `bulks` (the caller's, or everyone's) holding them are queued first, in the same transaction, so that those files are cancelled
     before any cycle can claim them. Returns (count, withdrawals, the paths none of `requests`
     was active for)."""
     clean = []
@@ -235,8 +235,8 @@ def request_cancel_paths(*, requests, paths, now, reason="cancelled by the user"
         clean.append(path)
     keys = [path_key(p) for p in clean]
     with transaction.atomic():
-        waiting = (Bulk.objects.filter(pending__gt=0, pk__in=Intake.objects.filter(db.in_keys("path_key", keys))
-                                       .values("bulk_id"))
+        waiting = (bulks.filter(pending__gt=0, pk__in=Intake.objects.filter(db.in_keys("path_key", keys))
+                                .values("bulk_id"))
                    .order_by("created_at").values_list("pk", flat=True))
         for bulk_id in waiting:
             intake.settle(bulk_id, now=now)
