@@ -201,6 +201,8 @@ class CancelManySerializer(StrictSerializer):
 
 class CancelResultSerializer(serializers.Serializer):
     cancelled = serializers.IntegerField()
+    not_active = serializers.ListField(child=serializers.CharField(), required=False,
+                                       help_text="by paths: those none of the requests acted on was active for")
 
 
 def _states(value):

@@ -41,7 +41,7 @@ _STAGING = (SUBMIT, CANCEL, RELEASE)  # what storage.stage alone allows; READ: s
 
 
 class InsufficientScope(NotAllowed):
-    """The credential allows this action on no path at all (RFC 6750 names the header)."""
+    """The token's scopes do not allow this action (anywhere, or on this path): RFC 6750's header."""
 
     code = "insufficient_scope"
     headers = {"WWW-Authenticate": 'Bearer error="insufficient_scope"'}
@@ -90,11 +90,6 @@ def may_change_all(user):
 def may_see_all_usage(user):
     """Every line of the usage report (others see their own, or their groups')."""
     return user.has_perm("carousel.view_usageday") or user.has_perm("carousel.change_usageday")
-
-
-def may_operate(user, model):
-    """The admin's actions on `model` (cancel, retry, give up, lift a quarantine)."""
-    return user.has_perm(f"carousel.change_{model}")
 
 
 def acts_for_others(user, *, cached=True):

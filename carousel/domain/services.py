@@ -224,9 +224,9 @@ def bulk_cancel(*, bulk, now, reason="cancelled by the user", allowed=None, whol
 def request_cancel_paths(*, requests, bulks, paths, now, reason="cancelled by the user"):
     """Cancel the active requests of `requests` (policy.own_requests of the caller, or
     everyone's) for these paths, files still waiting in the intake included: the submissions
-    of `bulks` (the caller's, or everyone's) holding them are queued first, in the same transaction, so that those files are cancelled
-    before any cycle can claim them. Returns (count, withdrawals, the paths none of `requests`
-    was active for)."""
+    of `bulks` (the caller's, or everyone's) holding them are queued first, in the same
+    transaction, so that those files are cancelled before any cycle can claim them. Returns
+    (count, withdrawals, the paths none of `requests` was active for)."""
     clean = []
     for index, raw in enumerate(paths):
         path, message = check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
