@@ -121,3 +121,20 @@ def test_an_operators_cancel_path_cancels_their_own_unless_all_users(operator, a
     as_alice = client_for(alice)
     r = as_alice.post("/api/v1/requests/cancel/", {"paths": ["/p/1"], "all_users": True}, format="json")
     assert r.status_code == 403
+
+
+def test_poll_refusals_are_per_path_by_scope_and_by_group_prefix(alice, by_group):
+    """What archiveinfo asks path by path: an API token's user is held to its groups' prefixes,
+    a WLCG token also to its scopes (issue 25)."""
+    from types import SimpleNamespace
+
+    from carousel.domain import policy
+
+    paths = ["/star/analysis/a", "/star/other/b", "/elsewhere/c"]
+    assert sorted(policy.poll_refusals(alice, paths)) == [1, 2]
+    poll_only = SimpleNamespace(stage=(), poll=("/star/analysis/a",))
+    refused = policy.poll_refusals(policy.Identity(user=alice, grant=poll_only),
+                                   ["/star/analysis/a", "/star/analysis/b"])
+    assert list(refused) == [1] and "scopes" in refused[1]
+    assert policy.poll_refusals(policy.Identity(user=alice, grant=SimpleNamespace(stage=(), poll=())), paths).keys() \
+        == {0, 1, 2}

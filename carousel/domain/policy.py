@@ -27,10 +27,12 @@ which of the seen objects it may act on:
 
 Token scope prefixes are absolute (the issuer's base path joined, carousel/grid/tokens.py); a
 grant is read by duck typing (`stage`, `poll` tuples) so the domain does not import the door."""
+import re
 from dataclasses import dataclass
 
 from django.db.models import Q
 
+from carousel.domain import authz
 from carousel.domain.exceptions import NotAllowed, NotFound
 from carousel.domain.paths import under_any
 from carousel.models import Account, Bulk, RestoreRequest
@@ -38,6 +40,7 @@ from carousel.models import Account, Bulk, RestoreRequest
 SUBMIT, READ, CANCEL, RELEASE = "submit", "read", "cancel", "release"
 ACTIONS = (SUBMIT, READ, CANCEL, RELEASE)
 _STAGING = (SUBMIT, CANCEL, RELEASE)  # what storage.stage alone allows; READ: stage or poll
+_SLASHES = re.compile(r"/{2,}")
 
 
 class InsufficientScope(NotAllowed):
@@ -112,7 +115,8 @@ def scope_allows(who, action, path):
     grant = _as_identity(who).grant
     if grant is None:
         return True
-    return isinstance(path, str) and under_any(path, set(_prefixes(grant, action)))
+    # As sent (a submission's paths are normalised later): //a//b is /a/b.
+    return isinstance(path, str) and under_any(_SLASHES.sub("/", path), set(_prefixes(grant, action)))
 
 
 def scope_allows_any(who, action):
@@ -137,9 +141,18 @@ def require_scope_covers(who, action, paths):
                                 f"e.g. {str(refused[0])[:300]}")
 
 
-def paths_allowed(who, action, paths):
-    """[bool] per path: what archiveinfo answers path by path (READ there)."""
-    return [scope_allows(who, action, p) for p in paths]
+def poll_refusals(who, paths):
+    """{index: why} for the (normalised) paths the identity may not poll or ask archiveinfo of:
+    outside its token's scopes, or outside what the path authorisation lets the user restore
+    (an API token's user may not probe paths beyond its groups' prefixes). archiveinfo answers
+    these one by one with `error` and the others with their locality."""
+    who = _as_identity(who)
+    out = {i: "the token's scopes do not allow polling this path" for i, p in enumerate(paths)
+           if not scope_allows(who, READ, p)}
+    rest = [(i, p) for i, p in enumerate(paths) if i not in out]
+    for j, _path, reason in authz.paths_refused(user=who.user, paths=[p for _, p in rest], action=authz.RESTORE):
+        out[rest[j][0]] = reason
+    return out
 
 
 def _scope_q(who, action):
