@@ -10,7 +10,7 @@ effect): whether the row's effect holds afterwards (the request cancelled, the p
 the other user's path shown). NOSCOPE: 403 with `WWW-Authenticate: Bearer error="insufficient_scope"`.
 A cell left out does not apply (a WLCG token on the pages). The rules: carousel/domain/policy.py."""
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Callable
@@ -120,7 +120,6 @@ class Row:
     effect: Callable = None
     form: bool = False  # a form post (the pages), else JSON
     fails_today: str = ""  # the issue-25 case this row checks (it failed before the policy)
-    extra: dict = field(default_factory=dict)
 
 
 OWNER_READS = dict(bob=404, staffer=404, service=404, jwt_elsewhere=403)
