@@ -26,7 +26,7 @@ from rest_framework.authtoken.models import Token
 
 from carousel.domain import services
 from carousel.grid import door as grid
-from carousel.models import Account, Bulk, Control, RequestState, RestoreRequest, WlcgIdentity
+from carousel.models import Account, Control, RequestState, RestoreRequest, WlcgIdentity
 from tests.conftest import grant_operator_permissions, make_user
 from tests.fakes.wlcg_issuer import Issuer
 

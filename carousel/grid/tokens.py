@@ -114,11 +114,6 @@ def _join(base, path):
     return _SLASHES.sub("/", "/" + base.strip("/") + "/" + path.lstrip("/")).rstrip("/") or "/"
 
 
-def covers(prefix, path):
-    """Whole path components: /foo/bar covers /foo/bar and /foo/bar/x, not /foo/bargain."""
-    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
-
-
 @dataclass
 class Grant:
     """What a valid token lets its bearer do; DRF's request.auth."""
