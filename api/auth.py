@@ -2,8 +2,10 @@
 one of Carousel's own API tokens, since gfal2 sends BEARER_TOKEN with that keyword. No
 ready-made DRF class checks an external issuer's tokens offline (see interfaces.md)."""
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import BasePermission
 
+from carousel.domain import policy
 from carousel.grid import tokens as wlcg
 
 from .authentication import CachedTokenAuthentication
@@ -22,15 +24,22 @@ class BearerAuthentication(CachedTokenAuthentication):
 
 
 def require_token_allows(request, action, paths):
-    """A WLCG token's scopes (or mapped groups) must cover every path, on every door: 403 before
-    anything changes. action: "stage" (stage, cancel, release) or "poll" (poll, archiveinfo).
-    Other credentials are not scoped: nothing to check here."""
-    allows = getattr(request.auth, "allows", None)
-    if allows is None:
-        return
-    refused = [p for p in paths if isinstance(p, str) and not allows(action, p)]
-    if refused:
-        raise PermissionDenied(f"the token's scopes do not allow {action} of {len(refused)} path(s), e.g. {refused[0]}")
+    """A WLCG token's scopes must allow `action` on every path (carousel.domain.policy): 403
+    with `WWW-Authenticate: Bearer error="insufficient_scope"` before anything changes.
+    action: "stage" (stage, cancel, release) or "poll" (poll, archiveinfo). Other credentials
+    are not scoped: nothing to check here."""
+    wanted = policy.SUBMIT if action == "stage" else policy.READ
+    policy.require_scope_covers(policy.identity(request), wanted, [p for p in paths if isinstance(p, str)])
+
+
+class HasStorageScope(BasePermission):
+    """Every call of both APIs: a WLCG token without storage.stage or storage.poll may do nothing
+    (403 insufficient_scope, carousel.domain.policy); other credentials pass."""
+
+    def has_permission(self, request, view):
+        if request.user and request.user.is_authenticated:
+            policy.require_scope(policy.identity(request), policy.READ)
+        return True
 
 
 class BearerScheme(OpenApiAuthenticationExtension):

@@ -60,7 +60,7 @@ def exception_handler(exc, context):
         body = {"status": exc.status, "code": exc.code, "detail": exc.detail}
         if exc.errors:
             body["errors"] = exc.errors
-        return Response(body, status=exc.status)
+        return Response(body, status=exc.status, headers=getattr(exc, "headers", None))
     exc = _as_api_exception(exc, context)
     response = drf_handler(exc, context)
     if response is None:

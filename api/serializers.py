@@ -188,8 +188,31 @@ class IdsSerializer(StrictSerializer):
                                 max_length=100_000)
 
 
+class CancelManySerializer(StrictSerializer):
+    """Either `ids` or `paths`; `all_users` (by path only) needs the change permission."""
+
+    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=MAX_ID), allow_empty=False,
+                                max_length=100_000, required=False)
+    paths = serializers.ListField(child=serializers.CharField(max_length=4096, trim_whitespace=False),
+                                  allow_empty=False, max_length=100_000, required=False,
+                                  help_text="cancel your active requests for these paths, files still being "
+                                            "queued included")
+    all_users = serializers.BooleanField(default=False, help_text="with paths: every user's requests for them "
+                                                                  "(needs the change permission)")
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if ("ids" in attrs) == ("paths" in attrs):
+            raise serializers.ValidationError('give either "ids" or "paths"')
+        if attrs["all_users"] and "paths" not in attrs:
+            raise serializers.ValidationError({"all_users": 'only with "paths"'})
+        return attrs
+
+
 class CancelResultSerializer(serializers.Serializer):
     cancelled = serializers.IntegerField()
+    not_active = serializers.ListField(child=serializers.CharField(), required=False,
+                                       help_text="by paths: those none of the requests acted on was active for")
 
 
 def _states(value):

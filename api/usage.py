@@ -1,5 +1,5 @@
 """GET /api/v1/usage/ and /api/v1/usage/csv/: the usage report (carousel/ops/usage.py) of a period,
-per user or per group. Staff see every line; others their own (or their groups')."""
+per user or per group. Those with the view permission on usage see every line; others their own (or their groups')."""
 from datetime import timedelta
 
 from django.http import HttpResponse

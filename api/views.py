@@ -10,11 +10,12 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
-from api.auth import require_token_allows
 from carousel.grid import door as grid
 from carousel.domain import pins
+from carousel.domain import policy
 from carousel.domain import selectors
 from carousel.domain import services
+from carousel.models import Bulk, RestoreRequest
 from carousel.outlook import estimates
 from carousel.tasks import withdraw_on_commit
 
@@ -57,7 +58,7 @@ class RequestListCreate(generics.ListAPIView):
         # must be refused, not ignored.
         query = s.RequestFilterSerializer(data=self.request.query_params.dict())
         query.is_valid(raise_exception=True)
-        return selectors.request_list(user=self.request.user, **query.validated_data)
+        return selectors.request_list(user=policy.identity(self.request), **query.validated_data)
 
     @extend_schema(parameters=[s.RequestFilterSerializer])
     def get(self, request, *args, **kwargs):
@@ -73,8 +74,8 @@ class RequestListCreate(generics.ListAPIView):
     def post(self, request):
         form = s.SubmitSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        if isinstance(form.validated_data["paths"], list):
-            require_token_allows(request, "stage", form.validated_data["paths"])
+        paths = form.validated_data["paths"]
+        policy.require_scope_covers(policy.identity(request), policy.SUBMIT, paths if isinstance(paths, list) else [])
         result = grid.submission_create(submitter=request.user, now=timezone.now(),
                                         group=getattr(request.auth, "group", None), **form.validated_data)
         body = {"bulk_id": result.bulk.id, "files": result.files, "created": result.created,
@@ -91,13 +92,21 @@ class RequestDetail(generics.RetrieveAPIView):
 
     def retrieve(self, request, *args, **kwargs):
         # One request also says where it stands and why not yet, as the web page does.
-        req = self.get_object()
+        req = _request_for(request, policy.READ, self.kwargs["pk"],
+                           RestoreRequest.objects.select_related("tape", "user"))
         outlook = estimates.request_outlooks([req], user=req.user,
                                              ctx=estimates.queue_context(user=req.user, now=timezone.now()))[req.id]
         body = self.get_serializer(req).data
         body["outlook"] = {"reasons": list(outlook.reasons), "eta_s": outlook.eta and list(outlook.eta),
                            "ahead": outlook.ahead}
         return Response(body)
+
+
+def _request_for(request, action, pk, queryset=None):
+    """The request `pk` if the caller may do `action` on it: else 404 (not visible) or 403."""
+    req = get_object_or_404(queryset if queryset is not None else RestoreRequest.objects.all(), pk=pk)
+    policy.check_request(policy.identity(request), action, req)
+    return req
 
 
 def _cancel(queryset):
@@ -109,24 +118,37 @@ def _cancel(queryset):
 class RequestCancel(APIView):
     @extend_schema(request=None, responses=s.CancelResultSerializer, operation_id="v1_requests_cancel_one")
     def post(self, request, pk):
-        req = get_object_or_404(selectors.visible_requests(request.user), pk=pk)
-        if req.user_id != request.user.id and not selectors.may_change_all(request.user):
-            raise exceptions.PermissionDenied("you may see this request but not cancel it: cancelling another "
-                                              "user's request needs the change permission on restore requests")
-        require_token_allows(request, "stage", [req.path])
-        return _cancel(selectors.cancellable_requests(request.user).filter(pk=req.pk))
+        req = _request_for(request, policy.CANCEL, pk)
+        return _cancel(RestoreRequest.objects.filter(pk=req.pk))
 
 
 class RequestCancelMany(APIView):
-    @extend_schema(request=s.IdsSerializer, responses=s.CancelResultSerializer,
-                   description="Cancel several requests; ids that are not yours (unless you hold the change "
-                               "permission on restore requests) or not active are skipped.")
+    @extend_schema(request=s.CancelManySerializer, responses=s.CancelResultSerializer,
+                   description="Cancel several requests, by `ids` or by `paths`. By ids: ids you may not "
+                               "cancel (not yours, unless you hold the change permission on restore requests; "
+                               "outside your token's scopes) or not active are skipped. By paths: your own "
+                               "active requests for them, files still being queued included; with "
+                               "`all_users` (the change permission), every user's; `not_active` lists (up to "
+                               "1,000) the paths none of them was active for.")
     def post(self, request):
-        form = s.IdsSerializer(data=request.data)
+        form = s.CancelManySerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        chosen = selectors.cancellable_requests(request.user).filter(pk__in=form.validated_data["ids"])
-        require_token_allows(request, "stage", chosen.values_list("path", flat=True))
-        return _cancel(chosen)
+        who = policy.identity(request)
+        policy.require_scope(who, policy.CANCEL)
+        data = form.validated_data
+        if "ids" in data:
+            return _cancel(policy.actionable_requests(who, policy.CANCEL).filter(pk__in=data["ids"]))
+        if data["all_users"] and not policy.may_act_for_all_users(request.user):
+            raise exceptions.PermissionDenied("cancelling every user's requests for these paths needs the change "
+                                              "permission on restore requests")
+        if data["all_users"]:
+            requests, bulks = policy.actionable_requests(who, policy.CANCEL), Bulk.objects.all()
+        else:
+            requests, bulks = policy.own_requests(who, policy.CANCEL), policy.own_bulks(who)
+        count, pairs, unmatched = services.request_cancel_paths(requests=requests, bulks=bulks,
+                                                                paths=data["paths"], now=timezone.now())
+        withdraw_on_commit(pairs)
+        return Response({"cancelled": count, "not_active": unmatched[:1000]})
 
 
 class PathsSerializer(s.StrictSerializer):
@@ -135,14 +157,16 @@ class PathsSerializer(s.StrictSerializer):
 
 class RequestRelease(APIView):
     @extend_schema(request=PathsSerializer, responses={200: OpenApiTypes.OBJECT},
-                   description="End your pins on these files (XRootD's evict): the stager may drop copies no "
-                               "one else pins. Deletes nothing itself.")
+                   description="End your pins on these files (XRootD's evict; a service account's: also those "
+                               "it made for a person): the stager may drop copies no one else pins. Paths "
+                               "outside your token's scopes are skipped. Deletes nothing itself.")
     def post(self, request):
         form = PathsSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        require_token_allows(request, "stage", form.validated_data["paths"])
-        return Response({"released": pins.release_pins(user=request.user, paths=form.validated_data["paths"],
-                                                  now=timezone.now())})
+        who = policy.identity(request)
+        policy.require_scope(who, policy.RELEASE)
+        return Response({"released": pins.release_pins(requests=policy.own_requests(who, policy.RELEASE),
+                                                       paths=form.validated_data["paths"], now=timezone.now())})
 
 
 class BulksNewestFirst(NewestFirst):
@@ -176,12 +200,13 @@ class BulkDetail(APIView):
 class BulkCancel(APIView):
     @extend_schema(request=None, responses=s.CancelResultSerializer)
     def post(self, request, pk):
-        bulk = get_object_or_404(selectors.visible_bulks(request.user), pk=pk)
-        if request.user.id not in (bulk.user_id, bulk.submitter_id) and not selectors.may_change_all(request.user):
-            raise exceptions.PermissionDenied("you may see this submission but not cancel it: cancelling another "
-                                              "user's requests needs the change permission on restore requests")
-        require_token_allows(request, "stage", selectors.bulk_paths(bulk))
-        count, pairs = services.bulk_cancel(bulk=bulk, now=timezone.now())
+        who = policy.identity(request)
+        policy.require_scope(who, policy.CANCEL)
+        bulk = get_object_or_404(Bulk.objects.all(), pk=pk)
+        policy.check_bulk(who, policy.CANCEL, bulk)  # 404 where not visible, 403 where seen
+        whole = policy.bulk_whole(who, selectors.bulk_paths(bulk) if who.grant else [])
+        count, pairs = services.bulk_cancel(bulk=bulk, now=timezone.now(), whole=whole,
+                                            allowed=policy.actionable_requests(who, policy.CANCEL))
         withdraw_on_commit(pairs)
         return Response({"cancelled": count})
 
@@ -198,7 +223,10 @@ class StagerHealthView(APIView):
 
     @extend_schema(responses=s.StagerHealthSerializer)
     def get(self, request):
-        return Response(selectors.stager_health())
+        health = selectors.stager_health()
+        if health["last_cycle_error"] and not policy.may_see_all(request.user):
+            health["last_cycle_error"] = policy.HIDDEN_ERROR  # it can name any user's path
+        return Response(health)
 
 
 class NotFoundView(APIView):

@@ -198,7 +198,9 @@ REST_FRAMEWORK = {
         "api.authentication.CachedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # Logged in, and a WLCG token only with a scope that allows something here (storage.stage
+    # or storage.poll): carousel/domain/policy.py.
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "api.auth.HasStorageScope"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "api.errors.exception_handler",
     # JSON only, with a body limit, a depth limit and text that is text (api/parsers.py).

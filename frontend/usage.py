@@ -1,5 +1,5 @@
 """The usage page: the report of carousel/ops/usage.py for a period, per user or group, with a CSV
-export. Staff see every line; others their own (or their groups')."""
+export. Those with the view permission on usage see every line; others their own (or their groups')."""
 from datetime import datetime, time, timedelta, timezone as dt_timezone
 
 from django import forms
@@ -8,6 +8,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from carousel.domain import policy
 from carousel.ops import usage
 
 
@@ -55,4 +56,4 @@ def usage_page(request):
             for line in report.lines]
     return render(request, "frontend/usage.html", {"form": form, "report": report, "rows": rows,
                                                    "csv_query": query.urlencode(),
-                                                   "sees_all": request.user.is_staff})
+                                                   "sees_all": policy.may_see_all_usage(request.user)})

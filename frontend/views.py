@@ -13,6 +13,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 
+from carousel.domain import policy
 from carousel.domain import selectors
 from carousel.outlook import estimates
 from carousel.outlook.live import JOBS_SHOWN, live_figures
@@ -64,8 +65,8 @@ def cancel(request):
     except ValueError as exc:
         return HttpResponseBadRequest(f"Nothing cancelled: {exc}.", content_type="text/plain; charset=utf-8")
     if ids:
-        count, pairs = services.request_cancel(queryset=selectors.cancellable_requests(request.user).filter(pk__in=ids),
-                                               now=timezone.now())
+        chosen = policy.actionable_requests(policy.identity(request), policy.CANCEL).filter(pk__in=ids)
+        count, pairs = services.request_cancel(queryset=chosen, now=timezone.now())
         withdraw_on_commit(pairs)
         messages.success(request, f"{count} request(s) cancelled." if count else
                          "Nothing cancelled: the selected requests had already finished.")
@@ -110,7 +111,7 @@ def _for_viewer(figures, user):
     stager's health, counts per group, jobs per tape, the plots) and, of what names people or
     files, only their own: their own row of the per-user table, and the file a drive reads only
     when it is one of theirs. Other users' names and paths are not shown."""
-    if selectors.may_view_all(user):
+    if policy.may_see_all(user):
         return figures, True
     users = [u for u in figures.users if u["username"] == user.get_username()]
     drives = figures.stager.get("drives") or []
@@ -126,7 +127,7 @@ def _for_viewer(figures, user):
     control = figures.control
     if control.last_cycle_error:  # an exception's text can name any user's path
         control = copy.copy(control)
-        control.last_cycle_error = "an error (shown to operators)"
+        control.last_cycle_error = policy.HIDDEN_ERROR
     return replace(figures, users=users, stager=stager, control=control), False
 
 

@@ -7,6 +7,7 @@ from carousel.domain.authz import PathAuthorization, paths_refused
 from carousel.domain.exceptions import NotAllowed
 from carousel.models import Bulk, PathPrefix, RestoreRequest
 from carousel.domain.services import restore_submit
+from tests.conftest import client_for
 
 URL = "/api/v1/requests/"
 
@@ -80,3 +81,60 @@ def test_a_plugin_name_that_is_not_registered_says_so(alice, settings, now):
     settings.CAROUSEL_PATH_AUTHORIZATION = "nobody-knows"
     with pytest.raises(PluginError, match="CAROUSEL_PATH_AUTHORIZATIONS"):
         restore_submit(user=alice, now=now, paths=["/a"])
+
+
+def test_an_operators_cancel_path_cancels_their_own_unless_all_users(operator, alice, now, monkeypatch, capsys):
+    """`carousel cancel PATH` as an operator leaves alice's request for the path; `--all-users`
+    cancels it, with the change permission (issue 25). The CLI drives the API in-process here."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
+    from carousel_client import api as client_api, cli
+
+    restore_submit(user=alice, now=now, paths=["/p/1"])
+    restore_submit(user=operator, now=now, paths=["/p/1"])
+    http = client_for(operator)
+    sent = []
+
+    class InProcess:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def post(self, path, body=None):
+            sent.append(body)
+            r = http.post(f"/api/v1/{path}", body, format="json")
+            if r.status_code >= 400:
+                raise client_api.ClientError(r.json()["detail"], code=client_api.EXIT_AUTH)
+            return r.json()
+
+    monkeypatch.setattr(client_api, "Client", InProcess)
+    monkeypatch.setattr(client_api.Config, "load", staticmethod(lambda: None))
+    states = lambda: dict(RestoreRequest.objects.values_list("user__username", "state"))  # noqa: E731
+    assert cli.main(["cancel", "/p/1"]) == 0
+    assert states() == {"alice": "queued", "operator": "cancelled"}
+    assert sent[-1] == {"paths": ["/p/1"]}
+    assert cli.main(["cancel", "/p/1", "--all-users"]) == 0
+    assert states() == {"alice": "cancelled", "operator": "cancelled"}
+    assert "cancelled 1 request" in capsys.readouterr().out
+    # without the change permission, --all-users is refused
+    as_alice = client_for(alice)
+    r = as_alice.post("/api/v1/requests/cancel/", {"paths": ["/p/1"], "all_users": True}, format="json")
+    assert r.status_code == 403
+
+
+def test_poll_refusals_are_per_path_by_scope_and_by_group_prefix(alice, by_group):
+    """What archiveinfo asks path by path: an API token's user is held to its groups' prefixes,
+    a WLCG token also to its scopes (issue 25)."""
+    from types import SimpleNamespace
+
+    from carousel.domain import policy
+
+    paths = ["/star/analysis/a", "/star/other/b", "/elsewhere/c"]
+    assert sorted(policy.poll_refusals(alice, paths)) == [1, 2]
+    poll_only = SimpleNamespace(stage=(), poll=("/star/analysis/a",))
+    refused = policy.poll_refusals(policy.Identity(user=alice, grant=poll_only),
+                                   ["/star/analysis/a", "/star/analysis/b"])
+    assert list(refused) == [1] and "scopes" in refused[1]
+    assert policy.poll_refusals(policy.Identity(user=alice, grant=SimpleNamespace(stage=(), poll=())), paths).keys() \
+        == {0, 1, 2}

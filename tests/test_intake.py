@@ -95,6 +95,20 @@ def test_deleting_the_stage_request_leaves_nothing_waiting(small_intake, as_alic
     assert set(RestoreRequest.objects.values_list("state", flat=True)) == {S.CANCELLED}
 
 
+def test_a_cancel_by_path_stops_files_still_in_the_intake(small_intake, alice, bob, as_alice, now):
+    """They are cancelled, never queued for a cycle to claim; bob's request for one of them and
+    alice's other waiting files stay (issue 25)."""
+    restore_submit(user=alice, paths=["/i/1", "/i/2", "/i/3"], now=now)
+    restore_submit(user=bob, paths=["/i/2", "/b/1", "/b/2"], now=now)
+    r = as_alice.post("/api/v1/requests/cancel/", {"paths": ["/i/1", "//i/2", "/i/9"]}, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json() == {"cancelled": 2, "not_active": ["/i/9"]}
+    mine = dict(RestoreRequest.objects.filter(user=alice).values_list("path", "state"))
+    assert mine == {"/i/1": S.CANCELLED, "/i/2": S.CANCELLED, "/i/3": S.QUEUED}
+    assert not Intake.objects.filter(bulk_id__in=Bulk.objects.filter(user=alice)).exists()
+    assert set(Intake.objects.values_list("path", flat=True)) == {"/i/2", "/b/1", "/b/2"}  # bob's, untouched
+
+
 def test_the_task_sent_at_the_commit_queues_them(small_intake, alice, now, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):  # Celery runs eagerly in tests
         result = restore_submit(user=alice, paths=["/k/1", "/k/2", "/k/3"], now=now)

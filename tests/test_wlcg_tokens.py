@@ -9,7 +9,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from carousel.grid import tokens as wlcg
-from carousel.models import Account, Bulk, RestoreRequest, WlcgGroupMap, WlcgIdentity
+from carousel.models import Account, Bulk, PathPrefix, RestoreRequest, WlcgGroupMap, WlcgIdentity
 from tests.conftest import client_for
 from tests.fakes.wlcg_issuer import Issuer
 
@@ -121,24 +121,34 @@ def test_missing_stage_scope_is_403(issuer):
     assert not RestoreRequest.objects.exists()
 
 
-def test_tokens_without_capability_scopes_are_authorised_by_mapped_groups(issuer):
-    prod = Group.objects.create(name="atlas-production")
+def test_a_tokens_groups_apply_to_its_own_request_on_top_of_its_scopes(issuer, settings):
+    """wlcg.groups choose the path prefixes of that request only, never instead of a scope; the
+    membership is recorded once, not rewritten by each token (issue 25)."""
+    settings.CAROUSEL_PATH_AUTHORIZATION = "group-prefixes"
+    prod, users = Group.objects.create(name="atlas-production"), Group.objects.create(name="atlas-users")
+    PathPrefix.objects.create(group=prod, prefix="/atlas/prod")
+    PathPrefix.objects.create(group=users, prefix="/atlas/user")
     WlcgGroupMap.objects.create(wlcg_group="/atlas/production", group=prod)
-    token = issuer.mint(sub="svc", scope=None, groups=["/atlas", "/atlas/production"])
-    r = stage(bearer(token), "/atlas/data/f")
-    assert r.status_code == 201, r.content
+    WlcgGroupMap.objects.create(wlcg_group="/atlas/users", group=users)
+    assert stage(bearer(issuer.mint(sub="svc", scope=None, groups=["/atlas/production"])),
+                 "/atlas/prod/f").status_code == 403  # groups without a storage scope: nothing
+    as_prod = bearer(issuer.mint(sub="svc", scope="storage.stage:/", groups=["/atlas", "/atlas/production"]))
+    as_users = bearer(issuer.mint(sub="svc", scope="storage.stage:/", groups=["/atlas/users"]))
+    assert stage(as_prod, "/atlas/prod/f").status_code == 201
+    assert stage(as_users, "/atlas/prod/g").status_code == 403  # the other token's group does not lend its prefix
+    assert stage(as_users, "/atlas/user/g").status_code == 201
+    assert stage(as_prod, "/atlas/prod/h").status_code == 201  # and nothing was taken away meanwhile
     user = WlcgIdentity.objects.get(subject="svc").user
-    assert list(user.groups.all()) == [prod]
-    # accounted to the group the token names
-    assert RestoreRequest.objects.get().group == prod
-    # a group the token no longer names is taken away
-    stage(bearer(issuer.mint(sub="svc", scope=None, groups=["/atlas"])), "/atlas/data/g")
-    assert not user.groups.exists()
+    assert set(user.groups.all()) == {prod, users}
+    # accounted to the group its own token names
+    assert RestoreRequest.objects.get(path="/atlas/prod/f").group == prod
+    assert RestoreRequest.objects.get(path="/atlas/user/g").group == users
     # the operator's group for the account wins over the token's
     ops = Group.objects.create(name="ops")
+    PathPrefix.objects.create(group=ops, prefix="/atlas/ops")
     Account.objects.update_or_create(user=user, defaults={"group": ops})
-    stage(bearer(issuer.mint(sub="svc", scope=None, groups=["/atlas/production"])), "/atlas/data/h")
-    assert RestoreRequest.objects.get(path="/atlas/data/h").group == ops
+    assert stage(as_prod, "/atlas/prod/i").status_code == 201
+    assert RestoreRequest.objects.get(path="/atlas/prod/i").group == ops
 
 
 def test_keys_are_cached_and_an_unknown_kid_does_not_refetch_every_time(issuer):
@@ -235,3 +245,69 @@ def test_a_tokens_scopes_hold_on_the_native_door_for_cancel_and_release(issuer):
                           format="json").status_code == 403
     assert set(RestoreRequest.objects.values_list("state", flat=True)) == {"queued"}
     assert owner.post(f"/api/v1/bulks/{bulk}/cancel/").json() == {"cancelled": 2}
+
+
+# One WLCG token per scope (common JWT profile 1.3), with and without a path that matches, on
+# both doors: submit, poll, cancel, release and archiveinfo (issue 25). Paths are under the
+# issuer's base path /atlas; the requests acted on are the same subject's, staged beforehand.
+# A refusal is 403 with `WWW-Authenticate: Bearer error="insufficient_scope"` on both doors;
+# release by paths on the native API is a list form: a path outside the scopes is skipped (200, 0).
+NO = 403
+SCOPE_TABLE = {
+    # scope: {(door, action): status}
+    "openid profile": {},
+    "storage.read:/data": {},
+    "storage.read:/elsewhere": {},
+    "storage.stage:/data": {(door, action): 200 for door in ("api", "tape")
+                            for action in ("submit", "poll", "cancel", "release", "archiveinfo")},
+    "storage.stage:/elsewhere": {("api", "release"): 200},
+    "storage.poll:/data": {("api", "poll"): 200, ("tape", "poll"): 200, ("tape", "archiveinfo"): 200},
+    "storage.poll:/elsewhere": {},
+}
+
+
+def _scoped_calls(client, bulk, req):
+    path = req.path
+    return {
+        ("api", "submit"): lambda: client.post("/api/v1/requests/", {"paths": ["/atlas/data/new"]}, format="json"),
+        ("tape", "submit"): lambda: stage(client, "/atlas/data/new2"),
+        ("api", "poll"): lambda: client.get(f"/api/v1/requests/{req.pk}/"),
+        ("tape", "poll"): lambda: client.get(f"{BASE}/stage/{bulk}"),
+        ("api", "cancel"): lambda: client.post(f"/api/v1/requests/{req.pk}/cancel/"),
+        ("tape", "cancel"): lambda: client.post(f"{BASE}/stage/{bulk}/cancel", {"paths": [path]}, format="json"),
+        ("api", "release"): lambda: client.post("/api/v1/requests/release/", {"paths": [path]}, format="json"),
+        ("tape", "release"): lambda: client.post(f"{BASE}/release/{bulk}", {"paths": [path]}, format="json"),
+        ("tape", "archiveinfo"): lambda: client.post(f"{BASE}/archiveinfo", {"paths": [path]}, format="json"),
+    }
+
+
+@pytest.mark.parametrize("scope", list(SCOPE_TABLE))
+def test_each_scope_on_both_doors(issuer, scope):
+    from django.utils import timezone
+    from datetime import timedelta
+
+    owner = bearer(issuer.mint(sub="u-9", scope="storage.stage:/"))
+    problems = []
+    for key in _scoped_calls(None, None, RestoreRequest(path="/x")):
+        # A fresh request of the subject for each call: a cancel must not hide a release.
+        r = stage(owner, f"/atlas/data/{key[0]}-{key[1]}")
+        assert r.status_code == 201, r.content
+        bulk = r.json()["requestId"]
+        req = RestoreRequest.objects.get(bulk_id=bulk)
+        if key[1] == "release":
+            now = timezone.now()
+            RestoreRequest.objects.filter(pk=req.pk).update(state="done", finished_at=now,
+                                                            pin_until=now + timedelta(days=1))
+        client = bearer(issuer.mint(sub="u-9", scope=scope))
+        response = _scoped_calls(client, bulk, req)[key]()
+        wanted = SCOPE_TABLE[scope].get(key, NO)
+        got = 200 if response.status_code == 201 else response.status_code
+        if got != wanted:
+            problems.append(f"{key}: wanted {wanted}, got {response.status_code} {response.content[:150]!r}")
+        elif wanted == NO and 'error="insufficient_scope"' not in response.get("WWW-Authenticate", ""):
+            problems.append(f"{key}: 403 without WWW-Authenticate insufficient_scope")
+        req.refresh_from_db()
+        changed = req.state == "cancelled" or (key[1] == "release" and req.pin_until is None)
+        if key[1] in ("cancel", "release") and changed != (wanted == 200 and scope.endswith(":/data")):
+            problems.append(f"{key}: the request was {'changed' if changed else 'left'} ({req.state})")
+    assert not problems, "\n".join(problems)

@@ -50,7 +50,10 @@ class TapeRestView(APIView):
             if exc.errors:
                 first = exc.errors[0]
                 detail += f" First: files[{first['index']}] {first['path']!r}: {first['message']}"
-            return problem(exc.status, exc.code.replace("_", " "), detail, exc.errors)
+            response = problem(exc.status, exc.code.replace("_", " "), detail, exc.errors)
+            for name, value in getattr(exc, "headers", {}).items():
+                response[name] = value  # RFC 6750's insufficient_scope (carousel.domain.policy)
+            return response
         if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
             response = problem(401, "unauthenticated", str(exc.detail))
             header = self.get_authenticate_header(self.request)

@@ -44,10 +44,14 @@ class AllowAll(PathAuthorization):
 
 
 def group_prefixes(user, purpose):
-    """The prefixes granted to the user's groups (its memberships and its share group)."""
+    """The prefixes granted to the user's groups (its memberships and its share group). A user
+    that came with a WLCG token: the groups that token names (mapped), not every group some
+    token of the subject ever named (carousel/grid/tokens.py sets carousel_token_groups)."""
     if user is None or not user.is_authenticated:
         return set()
-    return set(PathPrefix.objects.filter(Q(group__user=user) | Q(group__account__user=user), purpose=purpose)
+    token_groups = getattr(user, "carousel_token_groups", None)
+    members = Q(group__user=user) if token_groups is None else Q(group_id__in=list(token_groups))
+    return set(PathPrefix.objects.filter(members | Q(group__account__user=user), purpose=purpose)
                .values_list("prefix", flat=True))
 
 

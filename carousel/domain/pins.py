@@ -15,9 +15,12 @@ from carousel.domain.services import stager_call_record
 PINS_ENDED_PER_CYCLE = 10_000
 
 
-def release_pins(*, user, paths, now):
-    """End `user`'s pins on these paths now. Returns the pins ended (0 for paths not pinned)."""
-    return _end_pins(RestoreRequest.objects.filter(user=user, path__in=list(paths)), now=now)
+def release_pins(*, user=None, paths, now, requests=None):
+    """End the pins on these paths now of `requests` (policy.own_requests of the caller: a
+    service account's include those it made for a person), or else of `user`'s requests.
+    Returns the pins ended (0 for paths not pinned)."""
+    requests = RestoreRequest.objects.filter(user=user) if requests is None else requests
+    return _end_pins(requests.filter(path__in=list(paths)), now=now)
 
 
 def end_expired_pins(*, now):

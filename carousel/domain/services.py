@@ -15,7 +15,7 @@ from carousel.domain import selectors
 from carousel.domain.exceptions import InvalidSubmission, NotAllowed, QueueCeilingReached
 from carousel.models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
-    DestinationLayout, ErrorClass, Job, JobState, RequestState, RestoreRequest, StagerCall, path_key,
+    DestinationLayout, ErrorClass, Intake, Job, JobState, RequestState, RestoreRequest, StagerCall, path_key,
 )
 from carousel.domain.paths import PathError, check_destination, check_path, target_collisions, validate_paths
 
@@ -232,15 +232,45 @@ def wanted_elsewhere(bulk):
                        .exclude(bulk_id=bulk.pk))))
 
 
-def bulk_cancel(*, bulk, now, reason="cancelled by the user"):
+def bulk_cancel(*, bulk, now, reason="cancelled by the user", allowed=None, whole=True):
     """Cancel a submission: it is marked cancelled, and its active requests that no other
-    submission still wants are cancelled. Returns (count, withdrawals) as request_cancel."""
+    submission still wants are cancelled. Returns (count, withdrawals) as request_cancel.
+    allowed: the requests the caller may cancel (policy.actionable_requests; None: all); whole:
+    whether the caller's cancel covers the whole submission (else it is not marked cancelled)."""
     with transaction.atomic():
         lock_accounts([bulk.user_id])
         intake.settle_if_pending(bulk)
-        Bulk.objects.filter(pk=bulk.pk).update(cancelled_at=now)
-        return request_cancel(queryset=selectors.bulk_requests(bulk).exclude(wanted_elsewhere(bulk)), now=now,
-                              reason=reason)
+        if whole:
+            Bulk.objects.filter(pk=bulk.pk).update(cancelled_at=now)
+        chosen = selectors.bulk_requests(bulk).exclude(wanted_elsewhere(bulk))
+        if allowed is not None:
+            chosen = chosen.filter(pk__in=allowed.values("pk"))
+        return request_cancel(queryset=chosen, now=now, reason=reason)
+
+
+def request_cancel_paths(*, requests, bulks, paths, now, reason="cancelled by the user"):
+    """Cancel the active requests of `requests` (policy.own_requests of the caller, or
+    everyone's) for these paths, files still waiting in the intake included: the submissions
+    of `bulks` (the caller's, or everyone's) holding them are queued first, in the same
+    transaction, so that those files are cancelled before any cycle can claim them. Returns
+    (count, withdrawals, the paths none of `requests` was active for)."""
+    clean = []
+    for index, raw in enumerate(paths):
+        path, message = check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
+        if message:
+            raise InvalidSubmission(f"paths[{index}]: {message}")
+        clean.append(path)
+    keys = [path_key(p) for p in clean]
+    with transaction.atomic():
+        waiting = (bulks.filter(pending__gt=0, pk__in=Intake.objects.filter(db.in_keys("path_key", keys))
+                                .values("bulk_id"))
+                   .order_by("created_at").values_list("pk", flat=True))
+        for bulk_id in waiting:
+            intake.settle(bulk_id, now=now)
+        chosen = requests.filter(db.in_keys("path_key", keys))
+        found = set(chosen.filter(state__in=ACTIVE_STATES).values_list("path_key", flat=True))
+        count, withdraw = request_cancel(queryset=chosen, now=now, reason=reason)
+    return count, withdraw, [p for p, k in zip(clean, keys) if k not in found]
 
 
 def bulk_requests_to_act_on(bulk):

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from carousel.infra import db
+from carousel.domain import policy
 from carousel.domain import selectors
 from carousel.domain import services
 from carousel.domain.exceptions import CarouselError, InvalidSubmission, NotAllowed
@@ -257,7 +258,8 @@ def stage_release(*, user, bulk, paths, now):
     from carousel.domain import pins  # carousel/domain/pins.py: the real pins (helper c)
 
     if bulk is None:
-        return pins.release_pins(user=user, paths=[p for _, p in normalised(paths)], now=now)
+        return pins.release_pins(requests=policy.own_requests(user, policy.RELEASE),
+                                 paths=[p for _, p in normalised(paths)], now=now)
     _, clean = _members(bulk, paths)
     return pins.release_pins(user=bulk.user, paths=clean, now=now)
 

@@ -25,6 +25,7 @@ from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from carousel.domain import policy
 from carousel.models import Account, WlcgGroupMap, WlcgIdentity
 
 log = logging.getLogger("carousel.wlcg")
@@ -113,11 +114,6 @@ def _join(base, path):
     return _SLASHES.sub("/", "/" + base.strip("/") + "/" + path.lstrip("/")).rstrip("/") or "/"
 
 
-def covers(prefix, path):
-    """Whole path components: /foo/bar covers /foo/bar and /foo/bar/x, not /foo/bargain."""
-    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
-
-
 @dataclass
 class Grant:
     """What a valid token lets its bearer do; DRF's request.auth."""
@@ -127,23 +123,20 @@ class Grant:
     base_path: str
     stage: tuple = ()  # absolute prefixes (base path joined)
     poll: tuple = ()
-    capabilities: bool = False  # any capability scope: then wlcg.groups do not authorise
+    capabilities: bool = False  # any capability scope (storage.*, compute.*)
     groups: list = field(default_factory=list)  # wlcg.groups, in the token's order
-    # Without capability scopes, a token authorises only through a group the operators mapped
-    # (WlcgGroupMap) or an account they gave a group: no scope, `openid profile`, or a group
-    # nobody mapped allows nothing.
-    group_authorised: bool = False
+    # The Django groups its wlcg.groups are mapped to (WlcgGroupMap): for this request, the
+    # path authorisation reads their prefixes (carousel/domain/authz.py), on top of the scopes.
+    mapped_groups: tuple = ()
     group: object = None  # the Django group its work is accounted to (None: the account's)
     user: object = None
 
     def allows(self, action, path):
-        """action "stage" (stage, cancel, release) or "poll" (poll, archiveinfo)."""
+        """action "stage" (stage, cancel, release) or "poll" (poll, archiveinfo): the one rule,
+        carousel.domain.policy. A token without a storage.stage or storage.poll scope allows nothing."""
         path = _SLASHES.sub("/", path) if isinstance(path, str) else ""
-        if not self.capabilities:
-            # Authorised by groups: the path-authorisation plugin decides within the VO's tree.
-            return self.group_authorised and covers(self.base_path, path)
-        prefixes = self.stage if action == "stage" else self.stage + self.poll
-        return any(covers(p, path) for p in prefixes)
+        return policy.scope_allows(policy.Identity(user=self.user, grant=self),
+                                   policy.SUBMIT if action == "stage" else policy.READ, path)
 
 
 def decode(token):
@@ -235,16 +228,17 @@ def authenticate(token):
     mapped = {}
     for m in mapping:
         mapped.setdefault(m.wlcg_group, m.group)
-    named = [mapped[g] for g in grant.groups if g in mapped]
-    if not grant.capabilities:
-        # The token's groups are the user's mapped groups now (the operator's table decides).
-        stale = {g.pk for g in mapped.values()} - {g.pk for g in named}
-        if stale:
-            user.groups.remove(*stale)
-        if named:
-            user.groups.add(*named)
+    named = list({mapped[g].pk: mapped[g] for g in grant.groups if g in mapped}.values())
+    # Recorded once (added where missing, never taken away on each request): two tokens of one
+    # subject with different wlcg.groups do not flip the membership; each request is judged by
+    # its own token's groups (mapped_groups, read by the path authorisation).
+    if named:
+        have = set(user.groups.filter(pk__in=[g.pk for g in named]).values_list("pk", flat=True))
+        if len(have) < len(named):
+            user.groups.add(*[g for g in named if g.pk not in have])
     operator_named = Account.objects.filter(user=user, group__isnull=False).exists()
     grant.group = None if operator_named or not named else named[0]
-    grant.group_authorised = bool(named) or operator_named
+    grant.mapped_groups = tuple(g.pk for g in named)
+    user.carousel_token_groups = grant.mapped_groups
     grant.user = user
     return user, grant

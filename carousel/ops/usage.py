@@ -16,6 +16,7 @@ from datetime import timedelta, timezone as dt_timezone
 from django.contrib.auth.models import Group, User
 from django.db.models import Max, Sum
 
+from carousel.domain import policy
 from carousel.models import WAIT_BUCKETS_S, UsageDay, UsageWait
 
 BY = ("user", "group")
@@ -91,7 +92,7 @@ def percentile_from_buckets(counts, q, longest):
 def usage_report(*, since, until, by="user", viewer=None):
     """Lines per user or per group for the whole days (UTC) from since to until (until excluded;
     a period is widened to whole days, the rows' grain).
-    A viewer who is not staff sees their own line (by user) or their groups' (by group)."""
+    A viewer without the view permission on usage (policy.may_see_all_usage) sees their own line (by user) or their groups' (by group)."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}")
     since, until = day_floor(since), day_ceil(until)
@@ -99,7 +100,7 @@ def usage_report(*, since, until, by="user", viewer=None):
     days = UsageDay.objects.filter(day__gte=since, day__lt=until)
     waits = UsageWait.objects.filter(day__gte=since, day__lt=until)
     total_drive = days.aggregate(s=Sum("drive_s"))["s"] or 0.0
-    if viewer is not None and not viewer.is_staff:
+    if viewer is not None and not policy.may_see_all_usage(viewer):
         if by == "user":
             days, waits = days.filter(user_id=viewer.id), waits.filter(user_id=viewer.id)
         else:

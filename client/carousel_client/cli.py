@@ -71,9 +71,13 @@ def build_parser():
     ls.add_argument("--path", help="path contains this text")
     ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100; 0: all)")
 
-    cancel = commands.add_parser("cancel", help="cancel a submission, requests or paths")
+    cancel = commands.add_parser("cancel", help="cancel a submission, requests or paths (your own requests for "
+                                                "a path, also files still being queued)")
     cancel.add_argument("targets", nargs="+", metavar="ID|PATH",
                         help="a submission id (UUID), a request id (number) or a path")
+    cancel.add_argument("--all-users", action="store_true",
+                        help="for paths: every user's requests, not only yours (operators: needs the change "
+                             "permission on restore requests)")
 
     why = commands.add_parser("why", help="where a file's request stands and why it is not restored yet")
     why.add_argument("path", metavar="PATH|ID", help="the file's path, or a request id (as `carousel ls` shows)")
@@ -320,11 +324,13 @@ def cmd_cancel(client, args):
                 raise ClientError(f"{target!r} is neither a submission id, a request id nor a path",
                                   code=api.EXIT_USAGE, hint="paths start with '/'")
             total += client.post(f"bulks/{target}/cancel/")["cancelled"]
-    for path in paths:
-        found = client.requests_for_path(path, state=",".join(ACTIVE))
-        if not found:
-            missing.append(path)
-        ids += [r["id"] for r in found]
+    if paths:
+        # The server picks the requests: the caller's own (files still being queued included),
+        # or everyone's with --all-users; it says which paths had none active.
+        body = {"paths": paths, **({"all_users": True} if args.all_users else {})}
+        answer = client.post("requests/cancel/", body)
+        total += answer["cancelled"]
+        missing += answer.get("not_active", [])
     if ids:
         total += client.post("requests/cancel/", {"ids": ids})["cancelled"]
     if missing:
