@@ -90,7 +90,7 @@ def test_disk_lifetime_and_targeted_metadata_are_kept_unknown_fields_ignored(as_
 
 
 @pytest.mark.parametrize("body, where", [
-    ("not json", "not JSON"),
+    ("not json", "JSON parse error"),
     ([], "JSON object"),
     ({}, "files"),
     ({"files": []}, "files"),
