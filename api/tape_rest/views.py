@@ -15,10 +15,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.auth import require_token_allows
+from api.errors import ServiceUnavailable, as_api_exception
 from api.parsers import JSONParser
 from carousel.domain import authz
 from carousel.domain.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
 from carousel.grid import door as grid
+from carousel.infra import outages
 from carousel.domain.exceptions import CarouselError
 from carousel.tasks import withdraw_on_commit
 
@@ -91,12 +93,16 @@ class TapeRestView(APIView):
                 bad = isinstance(exc, exceptions.AuthenticationFailed) and header.startswith("Bearer")
                 response["WWW-Authenticate"] = 'Bearer error="invalid_token"' if bad else header
             return response
+        # Django's own (a body past the size limit, a database outage), as the native API words them.
+        exc = as_api_exception(exc, {"request": self.request})
         if isinstance(exc, exceptions.APIException):
             code = exc.get_codes() if isinstance(exc.detail, str) else exc.default_code
             response = problem(exc.status_code, str(code).replace("_", " "), str(exc.detail))
             if code == "insufficient_scope":
                 response["WWW-Authenticate"] = 'Bearer error="insufficient_scope"'
-            if exc.status_code == 429 and getattr(exc, "wait", None):
+            if isinstance(exc, ServiceUnavailable):
+                response["Retry-After"] = str(outages.RETRY_AFTER_S)
+            elif exc.status_code == 429 and getattr(exc, "wait", None):
                 response["Retry-After"] = str(int(exc.wait))
             return response
         return super().handle_exception(exc)
