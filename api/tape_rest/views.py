@@ -131,7 +131,7 @@ class TapeRestView(APIView):
         try:
             require_token_allows(request, action, paths)
         except exceptions.PermissionDenied as exc:
-            raise InsufficientScope(exc.detail) from exc
+            raise InsufficientScope(str(exc.detail)) from exc
 
 
 def _disk_lifetime(index, value):
@@ -234,6 +234,17 @@ class ArchiveInfo(TapeRestView):
         paths = self.body(request).get("paths")
         return Response(grid.archive_info(paths=paths, now=timezone.now(),
                                           refused=lambda clean: poll_refused(request, clean)))
+
+
+class NotFound(TapeRestView):
+    """Any other address under the door: a 404 problem document, not an HTML page."""
+
+    permission_classes = [AllowAny]
+    authentication_classes = []
+
+    def initial(self, request, *args, **kwargs):
+        raise exceptions.NotFound(f"nothing at {request.path}: the WLCG Tape REST API v1 has stage, stage/{{id}}, "
+                                  "stage/{id}/cancel, release/{id} and archiveinfo")
 
 
 class Discovery(APIView):
