@@ -14,8 +14,9 @@ def _ref(name):
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-PATH = {"type": "string", "description": "an absolute path in the site's namespace; duplicate slashes are "
-                                         "collapsed", "example": "/atlas/data/file1"}
+PATH = {"type": "string", "minLength": 2, "maxLength": 4096, "pattern": "^/[^\\x00-\\x1f\\x7f]*[^/]$",
+        "description": "an absolute path of a file: no control characters, no '.' or '..' components; duplicate "
+                       "slashes are collapsed", "example": "/atlas/data/file1"}
 PATHS_BODY = {
     "type": "object", "required": ["paths"],
     "properties": {"paths": {"type": "array", "minItems": 1, "items": PATH,
@@ -143,7 +144,11 @@ PATHS = {
     f"{BASE}/stage": {"post": _operation(
         "tape_rest_stage", "Stage files: one stage request, every path SUBMITTED from the answer on.",
         {"201": {"description": "Created; Location names the request.", **_json("TapeRestStageCreated"),
-                 "headers": {"Location": {"schema": {"type": "string"}, "description": f"{{base}}/stage/{{id}}"}}},
+                 "headers": {"Location": {"schema": {"type": "string"}, "description": "{base}/stage/{id}"}},
+                 # What a client does next with the id (schemathesis follows these).
+                 "links": {name: {"operationId": op, "parameters": {"id": "$response.body#/requestId"}}
+                           for name, op in (("Poll", "tape_rest_stage_status"), ("Cancel", "tape_rest_stage_cancel"),
+                                            ("Release", "tape_rest_release"), ("Delete", "tape_rest_stage_delete"))}},
          **_problems("400", "413", *COMMON)}, body="TapeRestStageRequest")},
     f"{BASE}/stage/{{id}}": {
         "get": _operation("tape_rest_stage_status", "A stage request and the state of each of its files.",
