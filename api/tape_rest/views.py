@@ -24,7 +24,6 @@ from carousel.infra import outages
 from carousel.domain.exceptions import CarouselError
 from carousel.tasks import withdraw_on_commit
 
-
 PROBLEM = "application/problem+json"
 ENDPOINT = "/api/tape-rest/v1"
 PLACEHOLDER_ID = "gfal2-placeholder-id"  # what gfal-evict sends when it has no request id
