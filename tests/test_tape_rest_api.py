@@ -317,7 +317,7 @@ def test_a_method_the_call_does_not_have_is_a_405_problem(as_alice):
     assert_problem(as_alice.put(f"{BASE}/stage", {}, format="json"), 405)
 
 
-def test_a_token_refused_for_its_scopes_hears_insufficient_scope(issuer):
+def test_a_token_refused_for_its_scopes_hears_insufficient_scope(issuer):  # noqa: F811
     """RFC 6750 section 3.1: a 403 for missing scope carries WWW-Authenticate with the error."""
     stager = bearer(issuer.mint(sub="fts", scope="storage.stage:/data"))
     rid = stage(stager, ["/atlas/data/f"]).json()["requestId"]
@@ -340,7 +340,7 @@ def test_a_refusal_that_is_not_about_scope_says_nothing_of_scopes(as_alice, sett
     assert "WWW-Authenticate" not in refused
 
 
-def test_a_token_that_is_not_valid_hears_invalid_token_and_none_at_all_hears_bearer(issuer, client):
+def test_a_token_that_is_not_valid_hears_invalid_token_and_none_at_all_hears_bearer(issuer, client):  # noqa: F811
     refused = bearer("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln").post(f"{BASE}/archiveinfo", {"paths": ["/a"]},
                                                                       format="json")
     assert_problem(refused, 401)

@@ -6,15 +6,13 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
-from django.core.cache import cache
 
 from carousel.grid import door as grid
 from carousel.infra import plugins
 from carousel.loop.locating import locate_new_work, locate_wanted
 from carousel.models import Control, FileLocation, PathPrefix, Tape, WantedLocation, path_key
 from carousel.stagers.base import LocateError, Location
-from tests.fakes.wlcg_issuer import Issuer
-from tests.test_wlcg_tokens import AUD, bearer
+from tests.test_wlcg_tokens import bearer, issuer  # noqa: F401 (a fixture)
 
 BASE = "/api/tape-rest/v1"
 pytestmark = pytest.mark.django_db
@@ -173,18 +171,8 @@ def test_paths_outside_the_users_groups_prefixes_get_their_own_error(as_alice, s
     assert plugins.stager().calls == [["/star/analysis/a"]]  # the refused path is not even looked up
 
 
-@pytest.fixture
-def issuer(settings):
-    cache.clear()
-    with Issuer() as iss:
-        settings.CAROUSEL_WLCG_ISSUERS = [{"issuer": iss.url, "audiences": [AUD], "base_path": "/atlas",
-                                           "name": "atlas"}]
-        yield iss
-    cache.clear()
-
-
 @pytest.mark.parametrize("scope", ["storage.poll:/data", "storage.stage:/data"])
-def test_a_token_gets_localities_where_it_may_poll_and_errors_elsewhere(issuer, stager, scope):
+def test_a_token_gets_localities_where_it_may_poll_and_errors_elsewhere(issuer, stager, scope):  # noqa: F811
     client = bearer(issuer.mint(sub="fts", scope=scope))
     r = client.post(f"{BASE}/archiveinfo/", {"paths": ["/atlas/data/f", "/atlas/mc/g"]}, format="json")
     assert r.status_code == 200, r.content
@@ -194,7 +182,7 @@ def test_a_token_gets_localities_where_it_may_poll_and_errors_elsewhere(issuer, 
     assert stager.calls == [["/atlas/data/f"]]
 
 
-def test_a_read_scope_polls_nothing(issuer, stager):
+def test_a_read_scope_polls_nothing(issuer, stager):  # noqa: F811
     client = bearer(issuer.mint(sub="fts", scope="storage.read:/"))
     r = client.post(f"{BASE}/archiveinfo", {"paths": ["/atlas/data/f"]}, format="json")
     assert r.status_code == 200
