@@ -348,3 +348,14 @@ def test_a_token_that_is_not_valid_hears_invalid_token_and_none_at_all_hears_bea
     anonymous = client.post(f"{BASE}/archiveinfo", {"paths": ["/a"]}, content_type="application/json")
     assert_problem(anonymous, 401)
     assert anonymous["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_a_caller_past_its_rate_hears_when_to_come_back(as_alice, settings):
+    rest = dict(settings.REST_FRAMEWORK)
+    rest["DEFAULT_THROTTLE_RATES"] = {"account": "2/minute"}
+    settings.REST_FRAMEWORK = rest
+    for _ in range(2):
+        assert as_alice.post(f"{BASE}/archiveinfo", {"paths": ["/a"]}, format="json").status_code == 200
+    r = as_alice.post(f"{BASE}/archiveinfo", {"paths": ["/a"]}, format="json")
+    assert assert_problem(r, 429)["title"] == "throttled"
+    assert 1 <= int(r["Retry-After"]) <= 60
