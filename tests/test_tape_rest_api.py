@@ -359,3 +359,7 @@ def test_a_caller_past_its_rate_hears_when_to_come_back(as_alice, settings):
     r = as_alice.post(f"{BASE}/archiveinfo", {"paths": ["/a"]}, format="json")
     assert assert_problem(r, 429)["title"] == "throttled"
     assert 1 <= int(r["Retry-After"]) <= 60
+
+
+def test_discovery_answers_other_methods_with_a_problem(client):
+    assert_problem(client.post("/.well-known/wlcg-tape-rest-api", {}, content_type="application/json"), 405)

@@ -139,7 +139,7 @@ COMMON = ("401", "403", "429")
 PATHS = {
     "/.well-known/wlcg-tape-rest-api": {"get": _operation(
         "tape_rest_discovery", "Discovery: the site's name and the v1 endpoint.",
-        {"200": {"description": "The discovery document.", **_json("TapeRestDiscovery")}, **_problems("429")},
+        {"200": {"description": "The discovery document.", **_json("TapeRestDiscovery")}},
         secure=False)},
     f"{BASE}/stage": {"post": _operation(
         "tape_rest_stage", "Stage files: one stage request, every path SUBMITTED from the answer on.",

@@ -246,7 +246,7 @@ class NotFound(TapeRestView):
                                   "stage/{id}/cancel, release/{id} and archiveinfo")
 
 
-class Discovery(APIView):
+class Discovery(TapeRestView):
     permission_classes = [AllowAny]
     authentication_classes = []
 
