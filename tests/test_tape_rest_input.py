@@ -205,3 +205,15 @@ def test_a_chunked_body_is_read_whole_and_a_huge_one_keeps_a_length_past_the_lim
     assert _through_chunked(b"x" * 100)["length"] == "11"  # past the limit: 413, read no further
     # A server that does not say where the body ends: left as it was (Django reads nothing).
     assert _through_chunked(body, terminated=False)["length"] is None
+
+
+def test_the_native_release_refuses_the_entries_the_door_refuses(as_alice, rid):
+    """requests/release/ took {"paths": [1]} as the path "1" (issue 25): its entries are checked
+    as every door checks a path."""
+    for path, words in [(1, "expected a string, got int"), ("relative", "absolute"), ("/d/../x", "'..'")]:
+        native = as_alice.post("/api/v1/requests/release/", {"paths": ["/d/a", path]}, format="json")
+        assert native.status_code == 400 and words in native.json()["detail"], native.content
+        assert "1" in native.json()["fields"]["paths"]
+        door = as_alice.post(f"{BASE}/release/{rid}", {"paths": ["/d/a", path]}, format="json")
+        assert_problem(door, 400, words)
+    assert as_alice.post("/api/v1/requests/release/", {"paths": ["/d//a"]}, format="json").json() == {"released": 0}
