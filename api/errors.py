@@ -39,7 +39,7 @@ def _flatten(detail, prefix=""):
         yield f"{prefix}{detail}"
 
 
-def _as_api_exception(exc, context):
+def as_api_exception(exc, context):
     """Django's own exceptions, as DRF's, with words that say what was not found or refused."""
     request = context.get("request")
     if isinstance(exc, Http404):
@@ -61,7 +61,7 @@ def exception_handler(exc, context):
         if exc.errors:
             body["errors"] = exc.errors
         return Response(body, status=exc.status, headers=getattr(exc, "headers", None))
-    exc = _as_api_exception(exc, context)
+    exc = as_api_exception(exc, context)
     response = drf_handler(exc, context)
     if response is None:
         return None

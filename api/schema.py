@@ -53,8 +53,7 @@ def add_error_responses(result, generator, request, public):
 
 
 def native_api_only(endpoints, **kwargs):
-    """The schema describes the native API; the Tape REST door (/.well-known/wlcg-tape-rest-api,
-    /api/tape-rest/v1/) answers as the WLCG Tape REST API v1 document says, and is tested
-    against it and against the real gfal2 clients (tests/test_tape_rest_api.py,
-    tests/test_gfal_clients.py)."""
+    """The views describe the native API; the Tape REST door (/.well-known/wlcg-tape-rest-api,
+    /api/tape-rest/v1/) is described as the WLCG Tape REST API v1 document shapes it, by
+    api/tape_rest/schema.py (a postprocessing hook), not from its views."""
     return [e for e in endpoints if not e[0].startswith(("/.well-known/", "/api/tape-rest/"))]

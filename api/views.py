@@ -1,4 +1,5 @@
 """REST API v1. Views parse, call a service or a selector, and render; nothing more."""
+from django.conf import settings
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -15,6 +16,7 @@ from carousel.domain import pins
 from carousel.domain import policy
 from carousel.domain import selectors
 from carousel.domain import services
+from carousel.domain.paths import check_path
 from carousel.models import Bulk, RestoreRequest
 from carousel.outlook import estimates
 from carousel.tasks import withdraw_on_commit
@@ -153,6 +155,18 @@ class RequestCancelMany(APIView):
 
 class PathsSerializer(s.StrictSerializer):
     paths = serializers.ListField(child=serializers.CharField(max_length=4096), allow_empty=False, max_length=10_000)
+
+    def validate_paths(self, value):
+        # CharField takes 1 for "1": each entry as sent is checked as every door checks a path.
+        errors, clean = {}, []
+        for index, raw in enumerate(self.initial_data["paths"]):
+            path, message = check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
+            if message:
+                errors[index] = [message]
+            clean.append(path)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return clean
 
 
 class RequestRelease(APIView):

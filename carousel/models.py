@@ -370,6 +370,20 @@ class FileLocation(models.Model):
         return self.path
 
 
+class WantedLocation(models.Model):
+    """A path someone asked the whereabouts of (Tape REST archiveinfo) that the stager did not
+    answer within the call: the loop's locating step asks for it (carousel/loop/locating.py),
+    records what it learns as a FileLocation and drops the row."""
+
+    path = models.TextField()
+    path_key = models.UUIDField(unique=True)
+    wanted_at = models.DateTimeField(help_text="When it was first asked for; dropped a day later unanswered.")
+    asked_at = models.DateTimeField(null=True, help_text="When the loop last asked the stager (never: first in line).")
+
+    def __str__(self):
+        return self.path
+
+
 class Bulk(models.Model):
     """The requests of one submission, under one id (the shape of a WLCG stage request)."""
 

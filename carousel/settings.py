@@ -220,9 +220,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # Every operation's error answers, with the error body (api/schema.py).
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.schema.add_error_responses"],
-    # The native API only: the WLCG Tape REST door follows its own published specification.
+    # Every operation's error answers, with the error body (api/schema.py); then the WLCG Tape
+    # REST door, described as its v1 document shapes it (api/tape_rest/schema.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.schema.add_error_responses",
+                             "api.tape_rest.schema.add_tape_rest_door"],
+    # The views' own description for the native API only: the door's is written out whole.
     "PREPROCESSING_HOOKS": ["api.schema.native_api_only"],
 }
 

@@ -13,10 +13,14 @@ def schema(client):
     return r.json()
 
 
-def operations(schema):
+DOOR = "WLCG Tape REST v1"  # the Tape REST door's operations (api/tape_rest/schema.py)
+
+
+def operations(schema, tag=None):
+    """The native API's operations, or those of one tag."""
     for path, ops in schema["paths"].items():
         for method, op in ops.items():
-            if isinstance(op, dict) and "responses" in op:
+            if isinstance(op, dict) and "responses" in op and (DOOR in op.get("tags", [])) == (tag == DOOR):
                 yield path, method, op
 
 
@@ -52,6 +56,41 @@ def test_every_documented_operation_has_a_typed_answer(schema):
     for path, method, op in operations(schema):
         ok = op["responses"].get("200") or op["responses"].get("201")
         assert "content" in ok, f"{method} {path}: the answer has no schema"
+
+
+def test_the_tape_rest_door_is_described_with_problem_documents(schema):
+    """The door's answers, as the WLCG v1 document shapes them: errors are RFC 7807 problem
+    documents; cancel, delete and release answer 200 with no body."""
+    seen = set()
+    for path, method, op in operations(schema, tag=DOOR):
+        seen.add((method, path))
+        codes = set(op["responses"]) - {"200", "201"}
+        if path != "/.well-known/wlcg-tape-rest-api":
+            assert {"401", "403", "429"} <= codes, (path, method)
+        if op.get("requestBody"):
+            assert {"400", "413"} <= codes, (path, method)
+        for code in codes:
+            content = op["responses"][code]["content"]
+            assert list(content) == ["application/problem+json"], (path, method, code)
+            assert content["application/problem+json"]["schema"]["$ref"] == "#/components/schemas/TapeRestProblem"
+    base = "/api/tape-rest/v1"
+    assert seen == {("get", "/.well-known/wlcg-tape-rest-api"), ("post", f"{base}/stage"),
+                    ("get", f"{base}/stage/{{id}}"), ("delete", f"{base}/stage/{{id}}"),
+                    ("post", f"{base}/stage/{{id}}/cancel"), ("post", f"{base}/release/{{id}}"),
+                    ("post", f"{base}/archiveinfo")}
+
+
+def test_the_doors_answers_match_their_description(schema, as_alice):
+    rid = as_alice.post("/api/tape-rest/v1/stage", {"files": [{"path": "/d/a"}]}, format="json").json()["requestId"]
+    components = {"components": schema["components"]}
+    for response, name in [
+        (as_alice.get(f"/api/tape-rest/v1/stage/{rid}"), "TapeRestStageStatus"),
+        (as_alice.post("/api/tape-rest/v1/archiveinfo", {"paths": ["/d/a", "rel"]}, format="json"),
+         "TapeRestArchiveInfo"),
+        (as_alice.get("/.well-known/wlcg-tape-rest-api"), "TapeRestDiscovery"),
+        (as_alice.post("/api/tape-rest/v1/stage", {"files": []}, format="json"), "TapeRestProblem"),
+    ]:
+        jsonschema.validate(response.json(), {**schema["components"]["schemas"][name], **components})
 
 
 @pytest.mark.parametrize("call,status", [

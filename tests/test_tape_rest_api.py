@@ -10,6 +10,7 @@ from carousel.models import (
     Account, Bulk, ErrorClass, FileLocation, Job, RequestState as S, RestoreRequest, Tape, path_key,
 )
 from tests.conftest import client_for
+from tests.test_wlcg_tokens import bearer, issuer  # noqa: F401 (a fixture)
 
 BASE = "/api/tape-rest/v1"
 pytestmark = pytest.mark.django_db
@@ -90,7 +91,7 @@ def test_disk_lifetime_and_targeted_metadata_are_kept_unknown_fields_ignored(as_
 
 
 @pytest.mark.parametrize("body, where", [
-    ("not json", "not JSON"),
+    ("not json", "JSON parse error"),
     ([], "JSON object"),
     ({}, "files"),
     ({"files": []}, "files"),
@@ -305,3 +306,62 @@ def test_service_account_stages_for_a_user_through_targeted_metadata(alice, bob,
     assert_problem(as_alice.post(f"{BASE}/stage/", {"files": [
         {"path": "/d/b", "targetedMetadata": {"BNL-TAPE": {"on_behalf_of": "bob"}}}]}, format="json"), 403)
     assert not RestoreRequest.objects.filter(path="/d/b").exists()
+
+
+def test_any_other_address_under_the_door_is_a_404_problem(as_alice, client):
+    for url in (f"{BASE}/nothing", f"{BASE}/stage/a/b/c", f"{BASE}/"):
+        assert_problem(as_alice.post(url, {}, format="json"), 404)
+        assert_problem(client.get(url), 404)
+
+
+def test_a_method_the_call_does_not_have_is_a_405_problem(as_alice):
+    assert_problem(as_alice.get(f"{BASE}/archiveinfo"), 405)
+    assert_problem(as_alice.put(f"{BASE}/stage", {}, format="json"), 405)
+
+
+def test_a_token_refused_for_its_scopes_hears_insufficient_scope(issuer):  # noqa: F811
+    """RFC 6750 section 3.1: a 403 for missing scope carries WWW-Authenticate with the error."""
+    stager = bearer(issuer.mint(sub="fts", scope="storage.stage:/data"))
+    rid = stage(stager, ["/atlas/data/f"]).json()["requestId"]
+    poller = bearer(issuer.mint(sub="fts", scope="storage.poll:/data"))
+    for refused in (stage(poller, ["/atlas/data/g"]),
+                    poller.post(f"{BASE}/stage/{rid}/cancel", {"paths": ["/atlas/data/f"]}, format="json"),
+                    poller.post(f"{BASE}/release/{rid}", {"paths": ["/atlas/data/f"]}, format="json"),
+                    poller.delete(f"{BASE}/stage/{rid}")):
+        body = assert_problem(refused, 403)
+        assert refused.get("WWW-Authenticate") == 'Bearer error="insufficient_scope"', body
+        assert body["title"] == "insufficient scope"
+    assert RestoreRequest.objects.get().state == S.QUEUED
+
+
+def test_a_refusal_that_is_not_about_scope_says_nothing_of_scopes(as_alice, settings):
+    settings.CAROUSEL_TAPE_REST_SITENAME = "BNL-TAPE"
+    files = [{"path": "/d/b", "targetedMetadata": {"BNL-TAPE": {"on_behalf_of": "bob"}}}]
+    refused = as_alice.post(f"{BASE}/stage/", {"files": files}, format="json")
+    assert_problem(refused, 403)
+    assert "WWW-Authenticate" not in refused
+
+
+def test_a_token_that_is_not_valid_hears_invalid_token_and_none_at_all_hears_bearer(issuer, client):  # noqa: F811
+    refused = bearer("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln").post(f"{BASE}/archiveinfo", {"paths": ["/a"]},
+                                                                      format="json")
+    assert_problem(refused, 401)
+    assert refused["WWW-Authenticate"] == 'Bearer error="invalid_token"'
+    anonymous = client.post(f"{BASE}/archiveinfo", {"paths": ["/a"]}, content_type="application/json")
+    assert_problem(anonymous, 401)
+    assert anonymous["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_a_caller_past_its_rate_hears_when_to_come_back(as_alice, settings):
+    rest = dict(settings.REST_FRAMEWORK)
+    rest["DEFAULT_THROTTLE_RATES"] = {"account": "2/minute"}
+    settings.REST_FRAMEWORK = rest
+    for _ in range(2):
+        assert as_alice.post(f"{BASE}/archiveinfo", {"paths": ["/a"]}, format="json").status_code == 200
+    r = as_alice.post(f"{BASE}/archiveinfo", {"paths": ["/a"]}, format="json")
+    assert assert_problem(r, 429)["title"] == "throttled"
+    assert 1 <= int(r["Retry-After"]) <= 60
+
+
+def test_discovery_answers_other_methods_with_a_problem(client):
+    assert_problem(client.post("/.well-known/wlcg-tape-rest-api", {}, content_type="application/json"), 405)

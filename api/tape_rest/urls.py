@@ -13,4 +13,5 @@ urlpatterns = [
     re_path(r"^stage/(?P<request_id>[^/]+)/cancel/?$", views.StageCancel.as_view(), name="stage-cancel"),
     re_path(r"^release/(?P<request_id>[^/]+)/?$", views.Release.as_view(), name="release"),
     re_path(r"^archiveinfo/?$", views.ArchiveInfo.as_view(), name="archiveinfo"),
+    re_path(r"", views.NotFound.as_view()),
 ]

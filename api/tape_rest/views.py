@@ -1,5 +1,7 @@
-"""The Tape REST API v1's views: parse the body, check the token's scopes, call carousel.grid.door,
-render. Errors are RFC 7807 problem documents (application/problem+json)."""
+"""The Tape REST API v1's views: parse the body, check the caller may, call carousel.grid.door,
+render. Errors are RFC 7807 problem documents (application/problem+json). The shapes are
+described for /api/schema/ by api/tape_rest/schema.py; docs/tape-rest.md says where Carousel
+reads the v1 document one way rather than another."""
 import json
 import uuid
 
@@ -7,14 +9,18 @@ from django.conf import settings
 from django.http import HttpResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_duration
-from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.auth import require_token_allows
+from api.errors import ServiceUnavailable, as_api_exception
+from api.parsers import JSONParser
+from carousel.domain import policy
+from carousel.domain.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
 from carousel.grid import door as grid
+from carousel.infra import outages
 from carousel.domain.exceptions import CarouselError
 from carousel.tasks import withdraw_on_commit
 
@@ -39,10 +45,28 @@ def public_base(request):
     return site + ENDPOINT
 
 
+class InsufficientScope(exceptions.PermissionDenied):
+    """A token whose scopes do not cover the call (RFC 6750 section 3.1)."""
+
+    default_code = "insufficient_scope"
+
+
+def poll_refused(request, paths):
+    """{path: why} for the (normalised) paths the caller may not poll: the one policy's answer
+    (carousel/domain/policy.py: the token's scopes, then the path authorisation)."""
+    refusals = policy.poll_refusals(policy.identity(request), paths)
+    return {paths[i]: why for i, why in refusals.items()}
+
+
+class AnyTypeJSONParser(JSONParser):
+    """The native API's parser (its size and depth limits, its refusal of text that is not
+    text), for any Content-Type: gfal2 and curl users send none, or another."""
+
+    media_type = "*/*"
+
+
 class TapeRestView(APIView):
-    # Parsed here, not by DRF: a client that sends no or another Content-Type still gets its
-    # JSON read, and a bad body is a problem document.
-    parser_classes = []
+    parser_classes = [AnyTypeJSONParser]
 
     def handle_exception(self, exc):
         if isinstance(exc, CarouselError):
@@ -58,19 +82,28 @@ class TapeRestView(APIView):
             response = problem(401, "unauthenticated", str(exc.detail))
             header = self.get_authenticate_header(self.request)
             if header:
-                response["WWW-Authenticate"] = header
+                # RFC 6750: a credential that was sent and refused is an invalid_token.
+                bad = isinstance(exc, exceptions.AuthenticationFailed) and header.startswith("Bearer")
+                response["WWW-Authenticate"] = 'Bearer error="invalid_token"' if bad else header
             return response
+        # Django's own (a body past the size limit, a database outage), as the native API words them.
+        exc = as_api_exception(exc, {"request": self.request})
         if isinstance(exc, exceptions.APIException):
-            return problem(exc.status_code, exc.default_code.replace("_", " "), str(exc.detail))
+            code = exc.get_codes() if isinstance(exc.detail, str) else exc.default_code
+            response = problem(exc.status_code, str(code).replace("_", " "), str(exc.detail))
+            if code == "insufficient_scope":
+                response["WWW-Authenticate"] = 'Bearer error="insufficient_scope"'
+            if isinstance(exc, ServiceUnavailable):
+                response["Retry-After"] = str(outages.RETRY_AFTER_S)
+            elif exc.status_code == 429 and getattr(exc, "wait", None):
+                response["Retry-After"] = str(int(exc.wait))
+            return response
         return super().handle_exception(exc)
 
     def body(self, request):
-        try:
-            data = json.loads(request.body or b"null")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise grid.InvalidSubmission(f"the body is not JSON: {exc}")
+        data = request.data
         if not isinstance(data, dict):
-            raise grid.InvalidSubmission("the body must be a JSON object")
+            raise grid.InvalidSubmission('the body must be a JSON object, such as {"paths": ["/a/b"]}')
         return data
 
     def stage_request(self, request, request_id):
@@ -88,7 +121,25 @@ class TapeRestView(APIView):
             raise exceptions.NotFound(f"no stage request {request_id}")
 
     def require(self, request, action, paths):
-        require_token_allows(request, action, paths)
+        try:
+            require_token_allows(request, action, paths)
+        except exceptions.PermissionDenied as exc:
+            raise InsufficientScope(str(exc.detail)) from exc
+
+
+def _disk_lifetime(index, value):
+    """A file's diskLifetime, with the native API's bounds on pin_lifetime."""
+    try:
+        parsed = parse_duration(value) if isinstance(value, str) else None
+    except (OverflowError, ValueError):
+        parsed = None
+    where = f"files[{index}].diskLifetime: {str(value)[:50]!r}"
+    if parsed is None:
+        raise grid.InvalidSubmission(f"{where} is not an ISO 8601 duration such as PT1H")
+    if not MIN_PIN_LIFETIME <= parsed <= MAX_PIN_LIFETIME:
+        raise grid.InvalidSubmission(f"{where} is out of range: from {MIN_PIN_LIFETIME.total_seconds():.0f} "
+                                     f"second to {MAX_PIN_LIFETIME.days} days (leave it out for the site's default)")
+    return parsed
 
 
 def _stage_files(body, sitename):
@@ -102,11 +153,7 @@ def _stage_files(body, sitename):
         paths.append(f["path"])
         lifetime = f.get("diskLifetime")
         if lifetime is not None:
-            parsed = parse_duration(lifetime) if isinstance(lifetime, str) else None
-            if parsed is None or parsed.total_seconds() < 0:
-                raise grid.InvalidSubmission(f"files[{index}].diskLifetime: {lifetime!r} is not an ISO 8601 "
-                                             "duration such as PT1H")
-            lifetimes.append(parsed)
+            lifetimes.append(_disk_lifetime(index, lifetime))
         meta = f.get("targetedMetadata")
         if meta is not None and not isinstance(meta, dict):
             raise grid.InvalidSubmission(f"files[{index}].targetedMetadata: expected an object")
@@ -117,16 +164,19 @@ def _stage_files(body, sitename):
                 if isinstance(part, dict) and isinstance(part.get("activity"), str):
                     activity = activity or part["activity"]
             mine = meta.get(sitename)
-            behalf.add(mine.get("on_behalf_of") if isinstance(mine, dict) else None)
+            who = mine.get("on_behalf_of") if isinstance(mine, dict) else None
+            if who is not None and not (isinstance(who, str) and who):
+                raise grid.InvalidSubmission(f"files[{index}].targetedMetadata.{sitename}.on_behalf_of: expected a "
+                                             "user name (a non-empty string)")
+            behalf.add(who)
     behalf.discard(None)
-    if len(behalf) > 1 or any(not isinstance(b, str) for b in behalf):
+    if len(behalf) > 1:
         raise grid.InvalidSubmission(f"targetedMetadata.{sitename}.on_behalf_of: one user name for every file")
     return grid.StageFiles(paths=paths, pin_lifetime=max(lifetimes) if lifetimes else None, metadata=metadata,
                            activity=activity, on_behalf_of=behalf.pop() if behalf else "")
 
 
 class Stage(TapeRestView):
-    @extend_schema(request=None, responses=None, description="WLCG Tape REST v1: stage files (201, Location).")
     def post(self, request):
         files = _stage_files(self.body(request), settings.CAROUSEL_TAPE_REST_SITENAME)
         self.require(request, "stage", files.paths)
@@ -138,7 +188,6 @@ class Stage(TapeRestView):
 
 
 class StageDetail(TapeRestView):
-    @extend_schema(request=None, responses=None, description="WLCG Tape REST v1: a stage request's state.")
     def get(self, request, request_id):
         self.valid_id(request_id)
         body = grid.stage_status_json(user=request.user, request_id=request_id)
@@ -148,7 +197,6 @@ class StageDetail(TapeRestView):
             self.require(request, "poll", [f["path"] for f in json.loads(body)["files"]])
         return HttpResponse(body, content_type="application/json")
 
-    @extend_schema(request=None, responses=None, description="WLCG Tape REST v1: cancel and forget a request.")
     def delete(self, request, request_id):
         bulk = self.stage_request(request, request_id)
         self.require(request, "stage", grid.stage_paths(bulk))
@@ -157,38 +205,45 @@ class StageDetail(TapeRestView):
 
 
 class StageCancel(TapeRestView):
-    @extend_schema(request=None, responses=None, description="WLCG Tape REST v1: cancel some files.")
     def post(self, request, request_id):
         bulk = self.stage_request(request, request_id)
         paths = self.body(request).get("paths")
-        self.require(request, "stage", paths if isinstance(paths, list) else [])
+        self.require(request, "stage", [p for _, p in grid.normalised(paths)])
         withdraw_on_commit(grid.stage_cancel(bulk=bulk, paths=paths, now=timezone.now()))
         return Response(status=200)
 
 
 class Release(TapeRestView):
-    @extend_schema(request=None, responses=None, description="WLCG Tape REST v1: release pinned files.")
     def post(self, request, request_id):
         bulk = None if request_id == PLACEHOLDER_ID else self.stage_request(request, request_id)
         paths = self.body(request).get("paths")
-        self.require(request, "stage", paths if isinstance(paths, list) else [])
+        self.require(request, "stage", [p for _, p in grid.normalised(paths)])
         grid.stage_release(user=request.user, bulk=bulk, paths=paths, now=timezone.now())
         return Response(status=200)
 
 
 class ArchiveInfo(TapeRestView):
-    @extend_schema(request=None, responses=None, description="WLCG Tape REST v1: where files are.")
     def post(self, request):
         paths = self.body(request).get("paths")
-        self.require(request, "poll", paths if isinstance(paths, list) else [])
-        return Response(grid.archive_info(paths=paths, now=timezone.now()))
+        return Response(grid.archive_info(paths=paths, now=timezone.now(),
+                                          refused=lambda clean: poll_refused(request, clean)))
 
 
-class Discovery(APIView):
+class NotFound(TapeRestView):
+    """Any other address under the door: a 404 problem document, not an HTML page."""
+
     permission_classes = [AllowAny]
     authentication_classes = []
 
-    @extend_schema(request=None, responses=None, description="WLCG Tape REST discovery.")
+    def initial(self, request, *args, **kwargs):
+        raise exceptions.NotFound(f"nothing at {request.path}: the WLCG Tape REST API v1 has stage, stage/{{id}}, "
+                                  "stage/{id}/cancel, release/{id} and archiveinfo")
+
+
+class Discovery(TapeRestView):
+    permission_classes = [AllowAny]
+    authentication_classes = []
+
     def get(self, request):
         return Response({
             "sitename": settings.CAROUSEL_TAPE_REST_SITENAME,

@@ -3,6 +3,8 @@ onto what Carousel already is (a stage request is a submission, each file a rest
 and service accounts that submit for other users. The views in api/tape_rest/ only parse and
 render; the words of every refusal are written here."""
 import json
+import logging
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -10,7 +12,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Q
 
 from carousel.infra import db
@@ -19,11 +21,13 @@ from carousel.domain import selectors
 from carousel.domain import services
 from carousel.domain.exceptions import CarouselError, InvalidSubmission, NotAllowed
 from carousel.models import (
-    ACTIVE_STATES, Bulk, BulkItem, ErrorClass, FileLocation, Intake, RequestState, RestoreRequest, path_key,
+    ACTIVE_STATES, Bulk, BulkItem, ErrorClass, FileLocation, Intake, RequestState, RestoreRequest, WantedLocation,
+    path_key,
 )
 from carousel.domain.paths import check_path
 
 S = RequestState
+log = logging.getLogger(__name__)
 
 # Carousel's states as the Tape REST API names them. Handed to the stager (in a job), staging,
 # waiting to retry after a transient failure, or being delivered: the tape side has started.
@@ -208,13 +212,25 @@ def stage_status(bulk):
     return body
 
 
-def normalised(paths, what="paths"):
-    """[(path as sent, normalised path)] of a cancel, release or archiveinfo body; a bad entry
-    refuses the whole call."""
+def path_list(paths, what="paths"):
+    """The list of a cancel, release or archiveinfo body, checked whole: a non-empty list of
+    strings, no longer than a stage request may be (413, as for a stage request)."""
+    limit = settings.CAROUSEL_TAPE_REST_MAX_FILES
+    if isinstance(paths, list) and len(paths) > limit:
+        raise TooLarge(f"{len(paths)} paths in one call; the limit is {limit}, as for a stage request: split it")
     if not isinstance(paths, list) or not paths:
         raise InvalidSubmission(f'{what}: expected a non-empty list of paths, such as {{"{what}": ["/a/b"]}}')
-    out = []
     for index, raw in enumerate(paths):
+        if not isinstance(raw, str):
+            raise InvalidSubmission(f"{what}[{index}]: {check_path(raw, max_bytes=0)[1]}")
+    return paths
+
+
+def normalised(paths, what="paths"):
+    """[(path as sent, normalised path)] of a cancel or release body; a bad entry refuses the
+    whole call, with the words the native API uses (carousel.domain.paths.check_path)."""
+    out = []
+    for index, raw in enumerate(path_list(paths, what)):
         path, message = check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
         if message:
             raise InvalidSubmission(f"{what}[{index}]: {message}")
@@ -266,21 +282,33 @@ def stage_release(*, user, bulk, paths, now):
 
 # --- archiveinfo ---------------------------------------------------------------------------------
 
-def archive_info(*, paths, now, stager=None):
-    """POST archiveinfo: locality from what Carousel knows (TAPE; DISK_AND_TAPE while a
-    restored copy is pinned; an error for a file the stager said does not exist). Only paths
-    never seen are asked of the stager, in one batch; what it finds is recorded."""
-    if not isinstance(paths, list) or not paths:
-        raise InvalidSubmission('paths: expected a non-empty list of paths, such as {"paths": ["/a/b"]}')
+NOT_KNOWN_YET = "not known yet, being located; ask again"
+# How long archiveinfo waits for the stager, for the whole call: a web worker is not a place to
+# wait for a tape system (hsi takes up to two minutes; gunicorn gives a worker 30 s).
+ARCHIVEINFO_WAIT_S = 1.0
+# One stager question of archiveinfo's out at a time per process: a stager that hangs holds one
+# thread, not one per call. While it is out, other calls' new paths are left to the loop.
+_asking = threading.Lock()
+
+
+def archive_info(*, paths, now, refused=None, stager=None, wait_s=ARCHIVEINFO_WAIT_S):
+    """POST archiveinfo, path by path: locality from what Carousel knows (TAPE; DISK_AND_TAPE
+    while a restored copy is pinned; an error for a file the stager said does not exist). Paths
+    never located are asked of the stager in one batch, waiting at most `wait_s`: what it finds
+    in time is recorded (FileLocation), the rest is answered NOT_KNOWN_YET and left to the loop
+    (WantedLocation). `refused(normalised paths)` gives {path: reason} for those the caller may
+    not poll: they get that error and are not looked up. Every entry has `locality` or `error`."""
     answers = []
     keys = {}
-    for raw in paths:
+    for raw in path_list(paths):
         path, message = check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
-        if message:
-            answers.append({"path": raw if isinstance(raw, str) else repr(raw), "error": message})
-        else:
-            answers.append({"path": path})
+        answers.append({"path": raw, "error": message} if message else {"path": path})
+        if not message:
             keys[path_key(path)] = path
+    not_yours = refused(list(dict.fromkeys(keys.values()))) if refused and keys else {}
+    for key, path in list(keys.items()):
+        if path in not_yours:
+            del keys[key]
     located = set(FileLocation.objects.filter(db.in_keys("path_key", keys)).values_list("path_key", flat=True))
     # Pinned: done, and its pin (carousel/domain/pins.py) neither ran out nor was released.
     pinned = set(RestoreRequest.objects.filter(db.in_keys("path_key", keys), state=S.DONE, pin_until__gt=now)
@@ -289,33 +317,59 @@ def archive_info(*, paths, now, stager=None):
                                                  error_class=ErrorClass.PERMANENT)
                    .values_list("path_key", "last_error"))
     never_seen = sorted(p for k, p in keys.items() if k not in located and k not in missing)
-    asked = _ask_stager(never_seen, now=now, stager=stager) if never_seen else {}
+    asked = _ask_stager(never_seen, now=now, stager=stager, wait_s=wait_s) if never_seen else {}
     for entry in answers:
         if "error" in entry:
             continue
-        key = path_key(entry["path"])
-        if key in located:
+        path = entry["path"]
+        key = path_key(path)
+        if path in not_yours:
+            entry["error"] = not_yours[path]
+        elif key in located:
             entry["locality"] = "DISK_AND_TAPE" if key in pinned else "TAPE"
         elif key in missing:
             entry["error"] = missing[key] or "no such file"
         else:
-            entry.update(asked.get(entry["path"], {"error": "the tape system did not answer for this file"}))
+            entry.update(asked.get(path) or {"error": NOT_KNOWN_YET})
     return answers
 
 
-def _ask_stager(paths, *, now, stager):
-    from carousel.loop.locating import _record_locations as record_locations  # the loop's own way to keep a location
+def _ask_stager(paths, *, now, stager, wait_s):
+    """{path: {"locality"} or {"error"}} for the paths the stager answered within `wait_s`; the
+    others are recorded as wanted, for the loop to locate."""
+    from carousel.loop.locating import record_locations  # the loop's own way to keep a location
     from carousel.infra.plugins import stager as configured
-    from carousel.stagers.base import StagerUnavailable
 
-    try:
-        results = (stager or configured()).locate(paths)
-    except StagerUnavailable as exc:
-        return {p: {"error": f"the tape system could not be asked ({exc}); ask again later"} for p in paths}
+    results = _locate_within(stager or configured(), paths, wait_s)
     found = [r for r in results if hasattr(r, "tape")]
     record_locations(found, now=now)
     out = {r.path: {"locality": "TAPE"} for r in found}
     for r in results:
-        if not hasattr(r, "tape"):
+        if not hasattr(r, "tape") and r.error_class != ErrorClass.TRANSIENT:
             out[r.path] = {"error": r.message or "no such file"}
+    WantedLocation.objects.bulk_create([WantedLocation(path=p, path_key=path_key(p), wanted_at=now)
+                                        for p in paths if p not in out], ignore_conflicts=True)
     return out
+
+
+def _locate_within(stager, paths, wait_s):
+    """stager.locate(paths) if it answers within `wait_s`, else []. The call runs in a thread of
+    its own that is not waited for past that: it ends when the stager answers (or its own
+    timeout fires), and until then no other archiveinfo of this process asks the stager."""
+    if not _asking.acquire(blocking=False):
+        return []
+    box = []
+
+    def ask():
+        try:
+            box.extend(stager.locate(paths))
+        except Exception:  # the stager down or failing: the loop asks again, and judges it
+            log.warning("archiveinfo: the stager's locate failed", exc_info=True)
+        finally:
+            _asking.release()
+            connections.close_all()  # this thread's own, if the stager used the database
+
+    thread = threading.Thread(target=ask, name="archiveinfo-locate", daemon=True)
+    thread.start()
+    thread.join(wait_s)
+    return [] if thread.is_alive() else list(box)

@@ -7,12 +7,16 @@ first: paths the stager never answers cannot keep new work from being located.""
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, Q, Subquery
+from django.db.models import Exists, F, OuterRef, Q, Subquery
 
-from carousel.models import Control, ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, path_key
+from carousel.models import (
+    Control, ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, WantedLocation, path_key,
+)
 from carousel.domain.services import request_transition
 
 UNLOCATED = Q(state=S.QUEUED, tape__isnull=True)
+# A path archiveinfo asked for and the stager never answered is not asked for past this.
+WANTED_FOR = timedelta(days=1)
 
 
 def any_unlocated():
@@ -35,7 +39,30 @@ def locate_new_work(*, now, stager, control):
         located += locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
         if not RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=True).exists():
             break
+    locate_wanted(now=now, stager=stager, limit=control.locate_batch)
     return located
+
+
+def locate_wanted(*, now, stager, limit):
+    """One stager call for the paths archiveinfo could not answer in time (WantedLocation),
+    never-asked first, then oldest. What is found is recorded; a path answered at all (found, or an error that is
+    not "try later") is no longer wanted; one the stager cannot tell yet goes to the back of the
+    line, and is dropped a day after it was first asked for."""
+    WantedLocation.objects.filter(wanted_at__lt=now - WANTED_FOR).delete()
+    rows = list(WantedLocation.objects.order_by(F("asked_at").asc(nulls_first=True), "wanted_at", "id")
+                .values_list("id", "path", "path_key")[:limit])
+    if not rows:
+        return 0
+    known = set(FileLocation.objects.filter(path_key__in=[k for _, _, k in rows]).values_list("path_key", flat=True))
+    unknown = sorted(p for _, p, k in rows if k not in known)
+    answers = stager.locate(unknown) if unknown else []
+    found = [a for a in answers if hasattr(a, "tape")]
+    record_locations(found, now=now)
+    later = {a.path for a in answers if not hasattr(a, "tape") and a.error_class == ErrorClass.TRANSIENT}
+    later |= set(unknown) - {a.path for a in answers}
+    WantedLocation.objects.filter(id__in=[i for i, p, _ in rows if p not in later]).delete()
+    WantedLocation.objects.filter(id__in=[i for i, p, _ in rows if p in later]).update(asked_at=now)
+    return len(found)
 
 
 def locate_requests(*, now, stager, limit, control=None):
@@ -55,7 +82,7 @@ def locate_requests(*, now, stager, limit, control=None):
     if unknown:
         answers = stager.locate(unknown)
         found = [a for a in answers if hasattr(a, "tape")]
-        _record_locations(found, now=now)
+        record_locations(found, now=now)
         unsure = {p: "the stager gave no answer for this path" for p in unknown}
         for a in answers:
             unsure.pop(a.path, None)
@@ -96,7 +123,7 @@ def _ask_again_later(unsure, *, now, control):
             these.update(locate_attempts=attempts, locate_after=now + timedelta(seconds=delay))
 
 
-def _record_locations(found, *, now):
+def record_locations(found, *, now):
     labels = {loc.tape: loc.media for loc in found}
     Tape.objects.bulk_create([Tape(label=label, media=media) for label, media in labels.items()],
                              ignore_conflicts=True)
