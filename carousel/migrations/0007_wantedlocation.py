@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('carousel', '0004_bulk_cancelled_at'),
+        ('carousel', '0006_bulk_labels'),
     ]
 
     operations = [
