@@ -10,7 +10,9 @@ tables become views summing them per key, under the same names, so every reader 
 models, raw SQL) reads what it read. The cycle folds the deltas into one base row per key
 (folded, unique per key: carousel/domain/counters.py), so a read sums a few rows per key.
 
-The old tables' rows become the first base rows. Not reversible: the old tables are gone."""
+The old tables' rows become the first base rows. Not reversible: the old tables are gone. A later
+migration that must create the triggers again (see 0002 on SQLite's table rebuilds) takes them
+from create_triggers here, not from 0002."""
 import importlib
 import re
 
