@@ -39,7 +39,7 @@ def main():
     for run in range(args.runs):
         paths = batch_paths(run, FILES)
         connection.close()  # gunicorn opens a connection per request
-        for step, call in (("submit", lambda: restore_submit(user=user, paths=paths, now=timezone.now())),
+        for step, call in (("submit", lambda p=paths: restore_submit(user=user, paths=p, now=timezone.now())),
                            ("settle", lambda: intake.settle_pending(now=timezone.now(), most=10 * FILES))):
             wall, cpu = time.perf_counter(), time.process_time()
             call()

@@ -4,6 +4,7 @@ other on a counter; the views the code reads sum a key's rows. Folding adds a ke
 into its one base row, so a read sums a base row and the deltas since the last fold."""
 from django.db import connection, transaction
 
+from carousel.infra import db
 from carousel.models import (CounterTotalDelta, HourlyStatsDelta, StateCountDelta, TapeBacklogDelta, UsageDayDelta,
                              UsageWaitDelta, UserBacklogDelta, UserStateCountDelta)
 
@@ -45,13 +46,20 @@ def _fold_sql(model, postgres):
 
 def counters_fold():
     """Fold every counter's deltas into its base rows, in one short transaction. Writers go on
-    appending meanwhile; only a second fold would wait (the cycle's lock keeps it to one)."""
+    appending meanwhile. One fold at a time (two would lock each other's deltas): a fold that
+    finds another running leaves the deltas to it."""
     postgres = connection.vendor == "postgresql"
-    with transaction.atomic(), connection.cursor() as cursor:
-        for model in DELTAS:
-            for sql in _fold_sql(model, postgres):
-                cursor.execute(sql)
-            if model in DROPPED_AT_ZERO:
-                _, values = _columns(model)
-                cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE folded AND "
-                               + " AND ".join(f"{v} = 0" for v in values))
+    with db.try_lock("carousel-counters-fold") as taken:
+        if taken:
+            with transaction.atomic(), connection.cursor() as cursor:
+                _fold(cursor, postgres)
+
+
+def _fold(cursor, postgres):
+    for model in DELTAS:
+        for sql in _fold_sql(model, postgres):
+            cursor.execute(sql)
+        if model in DROPPED_AT_ZERO:
+            _, values = _columns(model)
+            cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE folded AND "
+                           + " AND ".join(f"{v} = 0" for v in values))
