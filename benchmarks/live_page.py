@@ -80,10 +80,11 @@ def add_history(per_hour, seed=2):
         if rng.random() < 0.01:
             history.append(Transition(request_id=rid, from_state="staging", to_state="retry", at=sent))
     Transition.objects.bulk_create(history, batch_size=10_000)
-    # The hourly counters the trigger would have kept (it counts UPDATEs; the history came by COPY).
+    # The hourly counters the trigger would have kept (it counts UPDATEs; the history came by COPY),
+    # as one delta row per hour (carousel_hourlystats is the view summing them).
     with connection.cursor() as cursor:
         cursor.execute("""
-            INSERT INTO carousel_hourlystats (hour, files_done, bytes_done, errors)
+            INSERT INTO carousel_hourlystatsdelta (hour, files_done, bytes_done, errors)
             SELECT date_trunc('hour', t.at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
                    count(*) FILTER (WHERE t.to_state = 'done'),
                    coalesce(sum(r.size) FILTER (WHERE t.to_state = 'done'), 0),

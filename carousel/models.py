@@ -313,47 +313,98 @@ class Tape(models.Model):
         return self.label
 
 
-class UserBacklog(models.Model):
+# The counters kept by database triggers (migrations/0002_triggers.py, 0005_counter_deltas.py) are
+# appended, never updated: each statement that changes requests adds its delta rows (a *Delta
+# model), which nobody else writes, so two transactions never wait for each other on a counter
+# nor deadlock on one. The cycle folds the deltas into one base row per key from time to time
+# (carousel/domain/counters.py), so a read sums a few rows per key. The models the code reads
+# (UserBacklog, StateCount, ...) are views over their deltas, summed per key: read-only.
+
+
+class BacklogColumns(models.Model):
+    files = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+
+class CounterDelta(models.Model):
+    """A delta row (folded=False, appended by a trigger) or a key's base row (folded=True,
+    written only by the fold)."""
+
+    folded = models.BooleanField(db_default=False)
+
+    class Meta:
+        abstract = True
+
+
+class UserBacklog(BacklogColumns):
     """How many located requests a user has queued: kept by a database trigger, so the
     scheduler reads who has work without counting a million rows."""
 
-    user = models.OneToOneField(settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE,
-                                related_name="backlog")
-    files = models.BigIntegerField(default=0)
-    bytes = models.BigIntegerField(default=0)
-
-
-class TapeBacklog(models.Model):
-    """Located queued requests per (user, tape), kept by the same trigger."""
-
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, db_index=False)
-    tape = models.ForeignKey(Tape, on_delete=models.CASCADE, related_name="backlog")
-    files = models.BigIntegerField(default=0)
-    bytes = models.BigIntegerField(default=0)
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.DO_NOTHING,
+                                db_constraint=False, related_name="backlog")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "tape"], name="tapebacklog_user_tape")]
-        indexes = [models.Index("user", models.F("files").desc(), name="tapebacklog_user_files",
-                                condition=Q(files__gt=0))]
+        managed = False  # a view of UserBacklogDelta
 
 
-class UserStateCount(models.Model):
+class UserBacklogDelta(BacklogColumns, CounterDelta):
+    user_id = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user_id"], condition=Q(folded=True),
+                                               name="userbacklogdelta_base")]
+        indexes = [models.Index(fields=["user_id"], condition=Q(folded=False), name="userbacklogdelta_new")]
+
+
+class TapeBacklog(BacklogColumns):
+    """Located queued requests per (user, tape), kept by the same trigger."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.DO_NOTHING, db_constraint=False,
+                             db_index=False)
+    tape = models.ForeignKey(Tape, on_delete=models.DO_NOTHING, db_constraint=False, related_name="backlog")
+
+    class Meta:
+        managed = False  # a view of TapeBacklogDelta
+
+
+class TapeBacklogDelta(BacklogColumns, CounterDelta):
+    user_id = models.BigIntegerField()
+    tape_id = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user_id", "tape_id"], condition=Q(folded=True),
+                                               name="tapebacklogdelta_base")]
+        indexes = [models.Index(fields=["user_id", "tape_id"], condition=Q(folded=False),
+                                name="tapebacklogdelta_new"),
+                   models.Index(fields=["tape_id"], name="tapebacklogdelta_tape")]
+
+
+class UserStateCount(BacklogColumns):
     """How many requests a user has in each state, and their known bytes: kept by database
-    triggers on every insert, update and delete of a request (migrations/0002_triggers.py), so a poll of
-    a user's summary reads a few rows however large the user's queue."""
+    triggers on every insert, update and delete of a request, so a poll of a user's summary
+    reads a few rows however large the user's queue. A key summing to zero is dropped when
+    folded (a deleted user leaves none behind)."""
 
-    # No foreign key in the database, and Django leaves the rows alone when a user goes: the
-    # user's requests are deleted with it, their delete trigger brings the counts to zero and
-    # removes the rows at zero. (With a key, the trigger would write counts for a user being
-    # deleted, after Django had deleted them, and the deletion would fail.)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.DO_NOTHING, db_constraint=False,
                              db_index=False, related_name="state_counts")
     state = models.CharField(max_length=16, choices=RequestState.choices)
-    files = models.BigIntegerField(default=0)
-    bytes = models.BigIntegerField(default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "state"], name="userstatecount_user_state")]
+        managed = False  # a view of UserStateCountDelta
+
+
+class UserStateCountDelta(BacklogColumns, CounterDelta):
+    user_id = models.BigIntegerField()
+    state = models.CharField(max_length=16)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user_id", "state"], condition=Q(folded=True),
+                                               name="userstatecountdelta_base")]
+        indexes = [models.Index(fields=["user_id", "state"], condition=Q(folded=False),
+                                name="userstatecountdelta_new")]
 
 
 class FileLocation(models.Model):
@@ -673,17 +724,32 @@ class Transition(models.Model):
         return f"{self.request_id}: {self.from_state} -> {self.to_state}"
 
 
-class HourlyStats(models.Model):
-    """Requests finished per hour, kept by a database trigger on every state change (like the
-    backlog counters), so the live page's plots read a dozen rows however long the history."""
-
-    hour = models.DateTimeField(primary_key=True)
+class HourlyStatsColumns(models.Model):
     files_done = models.BigIntegerField(default=0)
     bytes_done = models.BigIntegerField(default=0)
     errors = models.BigIntegerField(default=0, help_text="Requests failed or sent to retry.")
 
     class Meta:
+        abstract = True
+
+
+class HourlyStats(HourlyStatsColumns):
+    """Requests finished per hour, kept by a database trigger on every state change (like the
+    backlog counters), so the live page's plots read a dozen rows however long the history."""
+
+    hour = models.DateTimeField(primary_key=True)
+
+    class Meta:
+        managed = False  # a view of HourlyStatsDelta
         verbose_name_plural = "hourly stats"
+
+
+class HourlyStatsDelta(HourlyStatsColumns, CounterDelta):
+    hour = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["hour"], condition=Q(folded=True), name="hourlystatsdelta_base")]
+        indexes = [models.Index(fields=["hour"], condition=Q(folded=False), name="hourlystatsdelta_new")]
 
 
 class PathPrefix(models.Model):
@@ -739,13 +805,7 @@ class PathPrefix(models.Model):
 WAIT_BUCKETS_S = (60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 259200, 604800)
 
 
-class UsageDay(models.Model):
-    """What one user's requests did in one day (UTC), under one group (group_key: the group's
-    id, 0 for none). Requested files count at submission, requested bytes once the size is known
-    (on the submission's day); the rest on the day it happened. Days, not hours: a year's
-    report reads users x 365 rows. Mounts and drive seconds are a
-    job's, shared among the users by their files in it."""
-
+class UsageColumns(models.Model):
     day = models.DateTimeField(help_text="Midnight UTC.")
     user_id = models.BigIntegerField()  # no foreign key: a deleted user's usage stays counted
     group_key = models.BigIntegerField()
@@ -767,12 +827,29 @@ class UsageDay(models.Model):
     drive_s = models.FloatField(db_default=0.0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["day", "user_id", "group_key"], name="usageday_key")]
+        abstract = True
 
 
-class UsageWait(models.Model):
-    """Restored requests per wait bucket (WAIT_BUCKETS_S), per day, user and group."""
+class UsageDay(UsageColumns):
+    """What one user's requests did in one day (UTC), under one group (group_key: the group's
+    id, 0 for none). Requested files count at submission, requested bytes once the size is known
+    (on the submission's day); the rest on the day it happened. Days, not hours: a year's
+    report reads users x 365 rows. Mounts and drive seconds are a
+    job's, shared among the users by their files in it."""
 
+    class Meta:
+        managed = False  # a view of UsageDayDelta
+
+
+class UsageDayDelta(UsageColumns, CounterDelta):
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "user_id", "group_key"], condition=Q(folded=True),
+                                               name="usagedaydelta_base")]
+        indexes = [models.Index(fields=["day", "user_id", "group_key"], condition=Q(folded=False),
+                                name="usagedaydelta_new")]
+
+
+class UsageWaitColumns(models.Model):
     day = models.DateTimeField(help_text="Midnight UTC.")
     user_id = models.BigIntegerField()
     group_key = models.BigIntegerField()
@@ -780,33 +857,71 @@ class UsageWait(models.Model):
     files = models.BigIntegerField(db_default=0)
 
     class Meta:
+        abstract = True
+
+
+class UsageWait(UsageWaitColumns):
+    """Restored requests per wait bucket (WAIT_BUCKETS_S), per day, user and group."""
+
+    class Meta:
+        managed = False  # a view of UsageWaitDelta
+
+
+class UsageWaitDelta(UsageWaitColumns, CounterDelta):
+    class Meta:
         constraints = [models.UniqueConstraint(fields=["day", "user_id", "group_key", "bucket"],
-                                               name="usagewait_key")]
+                                               condition=Q(folded=True), name="usagewaitdelta_base")]
+        indexes = [models.Index(fields=["day", "user_id", "group_key", "bucket"], condition=Q(folded=False),
+                                name="usagewaitdelta_new")]
 
 
-class StateCount(models.Model):
-    """Active requests per state and group (group_key 0: none), kept by trigger: the metrics
-    read a few rows, not a million."""
-
+class StateCountColumns(models.Model):
     state = models.CharField(max_length=16)
     group_key = models.BigIntegerField()
     files = models.BigIntegerField(db_default=0)
     bytes = models.BigIntegerField(db_default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["state", "group_key"], name="statecount_key")]
+        abstract = True
 
 
-class CounterTotal(models.Model):
-    """Monotonic totals since the database was created (the metrics' counters): requests,
-    files and bytes restored, failures by class, retries, mounts, drive seconds."""
+class StateCount(StateCountColumns):
+    """Active requests per state and group (group_key 0: none), kept by trigger: the metrics
+    read a few rows, not a million."""
 
+    class Meta:
+        managed = False  # a view of StateCountDelta
+
+
+class StateCountDelta(StateCountColumns, CounterDelta):
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["state", "group_key"], condition=Q(folded=True),
+                                               name="statecountdelta_base")]
+        indexes = [models.Index(fields=["state", "group_key"], condition=Q(folded=False), name="statecountdelta_new")]
+
+
+class CounterTotalColumns(models.Model):
     name = models.CharField(max_length=32)
     label = models.CharField(max_length=32, blank=True)
     value = models.BigIntegerField(db_default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["name", "label"], name="countertotal_key")]
+        abstract = True
+
+
+class CounterTotal(CounterTotalColumns):
+    """Monotonic totals since the database was created (the metrics' counters): requests,
+    files and bytes restored, failures by class, retries, mounts, drive seconds."""
+
+    class Meta:
+        managed = False  # a view of CounterTotalDelta
+
+
+class CounterTotalDelta(CounterTotalColumns, CounterDelta):
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "label"], condition=Q(folded=True),
+                                               name="countertotaldelta_base")]
+        indexes = [models.Index(fields=["name", "label"], condition=Q(folded=False), name="countertotaldelta_new")]
 
 
 class CycleBucket(models.Model):

@@ -106,7 +106,7 @@ def settle(bulk_id, *, now=None, wait=True):
         # and file" whatever happened in between): the submission lists them, as a duplicate.
         own = dict(RestoreRequest.objects.filter(db.in_keys("path_key", keys), user_id=bulk.user_id,
                                                  state__in=ACTIVE_STATES).values_list("path_key", "id"))
-        new = [(p, k) for p, k in pairs if k not in own]
+        new = [(p, k) for p, k in pairs if k not in own] if own else pairs
         queue_new(bulk, new, in_flight([k for _, k in new]), now)
         db.insert_rows(BulkItem, ("bulk_id", "request_id"), ((bulk.id, i) for i in own.values()), ids=False)
         Intake.objects.filter(bulk_id=bulk.id).delete()

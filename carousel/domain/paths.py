@@ -5,6 +5,9 @@ from dataclasses import dataclass
 
 _SLASHES = re.compile(r"/{2,}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A path check_path accepts as it is: absolute, components neither empty, '.' nor '..', no
+# control character. One match instead of the checks one by one (100,000 paths a submission).
+_PLAIN = re.compile(r"(?:/(?!\.\.?(?:/|$))[^/\x00-\x1f\x7f]+)+")
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,9 @@ class PathError:
 
 def check_path(path, *, max_bytes):
     """Return (normalised path, None) or (None, message)."""
+    if isinstance(path, str) and _PLAIN.fullmatch(path) and (
+            4 * len(path) <= max_bytes or len(path.encode("utf-8", "surrogatepass")) <= max_bytes):
+        return path, None
     if not isinstance(path, str):
         return None, f"expected a string, got {type(path).__name__}"
     if path == "":

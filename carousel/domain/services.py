@@ -132,7 +132,8 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
             elif state in IN_FLIGHT_STATES:
                 in_flight[key] = (state, job_id, job_rank, submitted_at, started_at)
 
-        new = [(p, k) for p, k in zip(clean, keys) if k not in own]
+        # (A submission of new files, the usual big one, skips hashing 100,000 keys twice.)
+        new = [(p, k) for p, k in zip(clean, keys) if k not in own] if own else list(zip(clean, keys))
         ceiling = account.queued_ceiling if account.queued_ceiling is not None else control.default_queued_ceiling
         if new:
             active_now = selectors.active_count(user)
@@ -153,9 +154,10 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
         else:
             intake.queue_new(bulk, new, in_flight, now)
         # Only the files this user had already asked for get a BulkItem naming this submission too.
-        db.insert_rows(BulkItem, ("bulk_id", "request_id"), ((bulk.id, own[k]) for k in dict.fromkeys(keys)
-                                                             if k in own), ids=False)
-    shared = sum(1 for _, k in new if k in in_flight)
+        if own:
+            db.insert_rows(BulkItem, ("bulk_id", "request_id"), ((bulk.id, own[k]) for k in dict.fromkeys(keys)
+                                                                 if k in own), ids=False)
+    shared = sum(1 for _, k in new if k in in_flight) if in_flight else 0
     return SubmitResult(bulk=bulk, files=len(clean), created=len(new), existing=len(own), shared=shared)
 
 

@@ -19,6 +19,7 @@ from policies.selection import share_policy, sort_policy, turn_policy
 from carousel.infra import db, queue
 from carousel.loop import health as h
 from carousel.domain import intake
+from carousel.domain.counters import counters_fold
 from carousel.ops import metrics
 from carousel.infra import plugins
 from carousel.loop.claiming import claim_jobs
@@ -92,6 +93,8 @@ def run_cycle(*, now, stager=None):
 
 
 def _steps(*, now, stager, control, report):
+    # The counters' deltas since the last cycle join their base rows, so reads stay a few rows.
+    counters_fold()
     # Big submissions whose files still wait in the intake (the task that queues them right
     # after their answer did not run: a worker down) join the queue first.
     intake.settle_pending(now=now)

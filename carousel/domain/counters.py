@@ -1,0 +1,65 @@
+"""The fold of the trigger-kept counters (migrations/0005_counter_deltas.py): every statement that
+changes requests appends its delta rows, which nobody updates, so writers never wait for each
+other on a counter; the views the code reads sum a key's rows. Folding adds a key's new deltas
+into its one base row, so a read sums a base row and the deltas since the last fold."""
+from django.db import connection, transaction
+
+from carousel.infra import db
+from carousel.models import (CounterTotalDelta, HourlyStatsDelta, StateCountDelta, TapeBacklogDelta, UsageDayDelta,
+                             UsageWaitDelta, UserBacklogDelta, UserStateCountDelta)
+
+DELTAS = (UserBacklogDelta, TapeBacklogDelta, UserStateCountDelta, HourlyStatsDelta, UsageDayDelta, UsageWaitDelta,
+          StateCountDelta, CounterTotalDelta)
+MAXED = {"wait_max_s"}  # kept as the largest, not summed
+# Per-user state counts at zero go (a deleted user leaves none behind); the other counters keep
+# a key at zero, as their readers always saw it.
+DROPPED_AT_ZERO = {UserStateCountDelta}
+
+
+def _columns(model):
+    """(key columns, value columns): the key is the base rows' unique one."""
+    keys = list(model._meta.constraints[0].fields)
+    values = [f.column for f in model._meta.concrete_fields if f.column not in ("id", "folded", *keys)]
+    return keys, values
+
+
+def _fold_sql(model, postgres):
+    keys, values = _columns(model)
+    table = model._meta.db_table
+    agg = ", ".join(f"{'max' if v in MAXED else 'sum'}({v})" for v in values)
+    sets = ", ".join(f"{v} = {'greatest' if postgres else 'max'}(b.{v}, excluded.{v})" if v in MAXED
+                     else f"{v} = b.{v} + excluded.{v}" for v in values)
+    cols = ", ".join(keys + values)
+    upsert = f"ON CONFLICT ({', '.join(keys)}) WHERE folded DO UPDATE SET {sets}"
+    if postgres:
+        # One statement: it sums exactly the rows it deletes, so a delta committed meanwhile is
+        # neither lost nor counted twice (it waits for the next fold).
+        return [f"WITH gone AS (DELETE FROM {table} WHERE NOT folded RETURNING {cols}) "
+                f"INSERT INTO {table} AS b ({cols}, folded) SELECT {', '.join(keys)}, {agg}, true FROM gone "
+                f"GROUP BY {', '.join(keys)} {upsert}"]
+    # SQLite has one writer at a time: the transaction's first write locks the database, so the
+    # two statements see the same deltas.
+    return [f"INSERT INTO {table} AS b ({cols}, folded) SELECT {', '.join(keys)}, {agg}, 1 FROM {table} "
+            f"WHERE NOT folded GROUP BY {', '.join(keys)} {upsert}",
+            f"DELETE FROM {table} WHERE NOT folded"]
+
+
+def counters_fold():
+    """Fold every counter's deltas into its base rows, in one short transaction. Writers go on
+    appending meanwhile. One fold at a time (two would lock each other's deltas): a fold that
+    finds another running leaves the deltas to it."""
+    postgres = connection.vendor == "postgresql"
+    with db.try_lock("carousel-counters-fold") as taken:
+        if taken:
+            with transaction.atomic(), connection.cursor() as cursor:
+                _fold(cursor, postgres)
+
+
+def _fold(cursor, postgres):
+    for model in DELTAS:
+        for sql in _fold_sql(model, postgres):
+            cursor.execute(sql)
+        if model in DROPPED_AT_ZERO:
+            _, values = _columns(model)
+            cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE folded AND "
+                           + " AND ".join(f"{v} = 0" for v in values))
