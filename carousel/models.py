@@ -313,7 +313,7 @@ class Tape(models.Model):
         return self.label
 
 
-# The counters kept by database triggers (migrations/0002_triggers.py, 0005_counter_deltas.py) are
+# The counters kept by database triggers (migrations/0002_triggers.py, 0008_counter_deltas.py) are
 # appended, never updated: each statement that changes requests adds its delta rows (a *Delta
 # model), which nobody else writes, so two transactions never wait for each other on a counter
 # nor deadlock on one. The cycle folds the deltas into one base row per key from time to time

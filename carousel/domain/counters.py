@@ -1,4 +1,4 @@
-"""The fold of the trigger-kept counters (migrations/0005_counter_deltas.py): every statement that
+"""The fold of the trigger-kept counters (migrations/0008_counter_deltas.py): every statement that
 changes requests appends its delta rows, which nobody updates, so writers never wait for each
 other on a counter; the views the code reads sum a key's rows. Folding adds a key's new deltas
 into its one base row, so a read sums a base row and the deltas since the last fold."""

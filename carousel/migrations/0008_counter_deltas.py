@@ -95,7 +95,7 @@ def create_triggers(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('carousel', '0004_bulk_cancelled_at'),
+        ('carousel', '0007_wantedlocation'),
     ]
 
     operations = [
