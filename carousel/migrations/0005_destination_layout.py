@@ -3,6 +3,19 @@
 from django.db import migrations, models
 
 
+CHOICES = [('path', "by the file's whole path (DEST/star/run1/a.root)"), ('name', "by the file's name (DEST/a.root)")]
+
+
+def add_column(table):
+    """The column with its database default, added in place. Django's AddField on SQLite rebuilds
+    a table for a NOT NULL column, and the rebuild of the request table breaks on the counters'
+    triggers that name it ("error in trigger carousel_usage_job_sent: no such table"); both
+    databases add such a column in place, PostgreSQL without rewriting the table."""
+    return migrations.RunSQL(
+        f"ALTER TABLE {table} ADD COLUMN destination_layout varchar(8) DEFAULT 'path' NOT NULL",
+        reverse_sql=f"ALTER TABLE {table} DROP COLUMN destination_layout")
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -10,14 +23,19 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AddField(
-            model_name='bulk',
-            name='destination_layout',
-            field=models.CharField(choices=[('path', "by the file's whole path (DEST/star/run1/a.root)"), ('name', "by the file's name (DEST/a.root)")], db_default='path', default='path', max_length=8),
-        ),
-        migrations.AddField(
-            model_name='restorerequest',
-            name='destination_layout',
-            field=models.CharField(choices=[('path', "by the file's whole path (DEST/star/run1/a.root)"), ('name', "by the file's name (DEST/a.root)")], db_default='path', default='path', max_length=8),
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AddField(
+                    model_name='bulk',
+                    name='destination_layout',
+                    field=models.CharField(choices=CHOICES, db_default='path', default='path', max_length=8),
+                ),
+                migrations.AddField(
+                    model_name='restorerequest',
+                    name='destination_layout',
+                    field=models.CharField(choices=CHOICES, db_default='path', default='path', max_length=8),
+                ),
+            ],
+            database_operations=[add_column("carousel_bulk"), add_column("carousel_restorerequest")],
         ),
     ]
