@@ -339,17 +339,19 @@ def send_jobs(*, now, stager):
 
 
 def _acknowledge(job, spec, backend_id, *, now):
-    """Record that the stager took `job`, and withdraw the files of `spec` that no request in
-    the job wants any more: a cancel that committed after the files were read and before the
-    job had its backend id recorded nothing to withdraw (stager_call_record skips such jobs).
-    The job's row is updated first, then its requests are locked: a cancel holds them from
-    before it reads the job's backend id until it commits, so either the cancel sees the id
-    and records the withdrawal itself, or this sees the cancel."""
+    """Record that the stager took `job`, then withdraw the files of `spec` that no request in
+    the job wants any more: a cancel that read the job before its backend id was recorded
+    recorded nothing to withdraw (stager_call_record skips such jobs). A cancel holds its
+    requests from before it reads the job until it commits, so locking them after the id is
+    committed sees every cancel that missed it (one that saw it withdraws the file itself;
+    withdrawing twice is harmless). Two transactions: the job's update fires the usage
+    counters' triggers, whose rows a cancel also takes, so none is held while waiting here."""
+    if not Job.objects.filter(id=job.id, state=JobState.PENDING).update(
+            state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now):
+        # Given up or cancelled meanwhile: still the stager's, so its files are withdrawn.
+        Job.objects.filter(id=job.id, backend_id="").update(backend_id=backend_id)
     with transaction.atomic():
-        if not Job.objects.filter(id=job.id, state=JobState.PENDING).update(
-                state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now):
-            # Given up or cancelled meanwhile: still the stager's, so its files are withdrawn.
-            Job.objects.filter(id=job.id, backend_id="").update(backend_id=backend_id)
+        # In id order, as request_cancel locks: two lockers of the same rows wait, never deadlock.
         wanted = set(RestoreRequest.objects.filter(job_id=job.id, state__in=IN_FLIGHT_STATES).order_by("id")
                      .select_for_update().values_list("path", flat=True))
         stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=[(job.id, p) for p in spec.paths if p not in wanted],
