@@ -2,7 +2,12 @@
 while a job's submit() is under way is withdrawn; stager calls are sent by one sender at a time
 in a process, and the calls a slow stager did not reach are not due again at once."""
 import threading
+import time
 from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+from django.utils import timezone
 
 from carousel.domain.services import request_cancel, restore_submit
 from carousel.loop import withdrawals
@@ -96,3 +101,65 @@ def test_a_slow_stager_gets_one_call_at_a_time_and_calls_not_reached_wait(db, no
     assert send_stager_calls(now=now + timedelta(seconds=60), stager=stager) == 2
     assert sorted(stager.sent) == ["b0", "b1", "b2"] and stager.most_at_once == 1
     assert list(StagerCall.objects.values_list("backend_id", flat=True)) == ["b0"]
+
+
+class CancelWhileAcknowledged(ImmediateStager):
+    """On PostgreSQL: while the loop records the stager's id of the job, a user's cancel on
+    another connection holds the job's request and then changes it (which, like the job's
+    update, writes the usage counters' row of the day)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path, self.cancel_error, self.cancelled = path, None, []
+        self.canceller = None
+
+    def submit(self, job):
+        locked = threading.Event()
+
+        def cancel():
+            try:
+                with transaction.atomic():
+                    list(RestoreRequest.objects.filter(path=self.path).select_for_update())
+                    locked.set()
+                    _wait_until_a_backend_waits_for_a_lock()
+                    RestoreRequest.objects.filter(path=self.path).update(
+                        state="cancelled", finished_at=timezone.now(), updated_at=timezone.now())
+            except Exception as exc:  # noqa: BLE001 - the test reads it
+                self.cancel_error = exc
+            finally:
+                connections.close_all()
+
+        self.canceller = threading.Thread(target=cancel)
+        self.canceller.start()
+        assert locked.wait(10)
+        return super().submit(job)
+
+    def poll(self, jobs):
+        return {}
+
+    def cancel(self, backend_id, paths):
+        self.cancelled.append(sorted(paths))
+
+
+def _wait_until_a_backend_waits_for_a_lock():
+    with connection.cursor() as cursor:
+        for _ in range(200):
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.05)
+
+
+def test_a_cancel_holding_the_jobs_request_neither_deadlocks_nor_escapes_withdrawal(transactional_db, alice):
+    if connection.vendor != "postgresql":
+        pytest.skip("two real connections to PostgreSQL")
+    now = timezone.now()
+    restore_submit(user=alice, now=now, paths=["/dl/a"])
+    stager = CancelWhileAcknowledged("/dl/a")
+    run_cycle(now=now, stager=stager)
+    stager.canceller.join(10)
+    assert stager.cancel_error is None
+    job = Job.objects.get()
+    assert job.state == JobState.SENT and RestoreRequest.objects.get().state == "cancelled"
+    # Withdrawn by the cycle (its calls step) or waiting as a recorded call.
+    assert stager.cancelled == [["/dl/a"]] or list(StagerCall.objects.values_list("paths", flat=True)) == [["/dl/a"]]
