@@ -98,7 +98,7 @@ class Services:
     def __init__(self, workdir, stack):
         self.workdir = Path(workdir)
         self.redis_proc = None
-        self.windows = []  # (start, end) monotonic seconds while a service was down
+        self.windows = []  # (service, start, end): monotonic seconds while "pg" or "redis" was down
         self.lock = threading.Lock()
         if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
             self.database_url, self.redis_url = os.environ["DATABASE_URL"], os.environ["REDIS_URL"]
@@ -144,7 +144,7 @@ class Services:
         self._stop_redis()
         time.sleep(down_s)
         self._start_redis()
-        self._window(start)
+        self._window("redis", start)
 
     def _pg_ctl(self, *args):
         subprocess.run(localservices._as_postgres([str(localservices.PG_BIN / "pg_ctl"), "-D", str(self.pg_data),
@@ -159,24 +159,32 @@ class Services:
         self._pg_ctl("-m", "immediate", "-w", "stop")  # as a crash: no checkpoint, connections cut
         time.sleep(down_s)
         self._pg_ctl("-l", str(self.pg_log), "-o", options, "-w", "start")
-        self._window(start)
+        self._window("pg", start)
 
-    def _window(self, start):
+    def _window(self, service, start):
         with self.lock:
-            self.windows.append((start, time.monotonic()))
+            self.windows.append((service, start, time.monotonic()))
 
-    def excused(self, began, ended):
+    def excused(self, began, ended, body):
+        """A 503 that says the service that was down is down (a deadlock also answers 503 as the
+        database "unreachable or overloaded": excused only while PostgreSQL was down)."""
+        says = {"pg": "database" in body, "redis": "Redis" in body}
+        if not any(says.values()):
+            says = {"pg": True, "redis": True}
         with self.lock:
-            return any(began <= end + OUTAGE_GRACE_S and ended >= start for start, end in self.windows)
+            return any(says[service] and began <= end + OUTAGE_GRACE_S and ended >= start
+                       for service, start, end in self.windows)
 
 
-def enable_auto_explain(database_url, over_s):
-    """Every statement slower than over_s logged with its plan (auto_explain), and lock waits."""
+def configure_postgres(database_url, over_s):
+    """Commits durable across a crash (localservices turns synchronous_commit off for speed: a
+    restart would lose commits already answered), and every statement slower than over_s
+    logged with its plan (auto_explain), and lock waits."""
     import psycopg
 
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("LOAD 'auto_explain'")
-        for name, value in (("session_preload_libraries", "auto_explain"),
+        for name, value in (("synchronous_commit", "on"), ("session_preload_libraries", "auto_explain"),
                             ("auto_explain.log_min_duration", f"{int(over_s * 1000)}ms"),
                             ("auto_explain.log_analyze", "off"), ("log_min_duration_statement", f"{int(over_s * 1000)}ms"),
                             ("log_lock_waits", "on")):
@@ -274,7 +282,7 @@ class Tally:
     def judge_unavailable(self):
         """503s with Retry-After: excused while PostgreSQL or Redis was down, else server errors."""
         for began, ended, detail in self.unavailable:
-            if self.services.excused(began, ended):
+            if self.services.excused(began, ended, detail):
                 self.add("outage_503")
             else:
                 self.add("server_errors", detail=detail)
@@ -588,7 +596,7 @@ def main():
 
         django.setup()
         tokens = setup(args.clients)
-        enable_auto_explain(services.database_url, args.explain_over)
+        configure_postgres(services.database_url, args.explain_over)
         broker = Broker(services, workdir, args)
         stack.callback(broker.stop)
         broker.start()
