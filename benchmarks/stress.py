@@ -538,6 +538,22 @@ def check(users, reads_log):
     return found, details
 
 
+def server_tracebacks(web_log, most=3):
+    """The tracebacks of the web workers' 500s (Django logs each with its traceback)."""
+    if not web_log.exists():
+        return []
+    found, current = [], None
+    for line in web_log.read_text(errors="replace").splitlines():
+        if "Internal Server Error" in line:
+            current = [line]
+            found.append(current)
+        elif current is not None and (line.startswith((" ", "Traceback")) or not line[:2].isdigit()):
+            current.append(line)
+        else:
+            current = None
+    return ["\n".join(t[:80]) for t in found[:most]]
+
+
 def slow_statements(pg_log, most=5):
     """The slowest statements PostgreSQL logged (duration, first lines), and its deadlocks."""
     if pg_log is None or not pg_log.exists():
@@ -637,6 +653,8 @@ def main():
             print(f"{what}: {detail}")
         for line in details[:40]:
             print(f"check: {line}")
+        for text in server_tracebacks(broker.workdir / "web.log"):
+            print(f"a 500 of the web server:\n  " + text.replace("\n", "\n  "))
         for ms, text in slow:
             print(f"slow statement, {ms / 1000:.1f} s:\n  " + text.replace("\n", "\n  ")[:1500])
         if args.keep:
