@@ -564,6 +564,11 @@ def slow_statements(pg_log, most=5):
         return None, []
     text = pg_log.read_text(errors="replace")
     deadlocks = text.count("deadlock detected")
+    # Where each was detected (the row the aborted statement waited for), for the report.
+    where = collections.Counter(re.findall(r"ERROR:  deadlock detected\n(?:.*\n){0,12}?.*CONTEXT:  [^\n]*?"
+                                           r"relation \"(\w+)\"", text))
+    if where:
+        print(f"deadlocks by relation: {dict(where)}")
     slow = []
     for match in re.finditer(r"duration: ([\d.]+) ms\s+(plan|statement|execute[^:]*):(.*?)(?=\n\S+ \S+ \S+ \[|\Z)",
                              text, re.S):
