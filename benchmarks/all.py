@@ -210,6 +210,27 @@ BENCHMARKS = [
          Figure("Tape REST poll, with history / fresh", "poll_x_fresh", "×", ("<=", 2.0), 2)],
         minutes=6),
     Benchmark(
+        "stress", "The whole broker under real concurrency and failures (issue 24)", "stress.py",
+        "gunicorn (4 workers), a Celery worker (celery and control queues), a delivery worker and beat on "
+        "PostgreSQL and Redis started by the script, the live simulated library 1,000 times faster than "
+        "tape (8 LTO-8 drives), shipped control defaults; 16 clients (the `carousel` client's retries) "
+        "submitting small and 5,000-file submissions, cancelling, cancelling and resubmitting the same "
+        "paths at once, releasing and polling for 5 minutes, while the worker's process group is killed "
+        "and PostgreSQL and Redis are restarted at random moments (each twice); then the queue drains and "
+        "the invariants are checked from the database and the library's record of its reads.",
+        [Figure("files lost (calls failed after retries, accepted then cancelled or missing)", "lost", "",
+                ("<=", 0)),
+         Figure("files read more often than sent", "read_twice", "", ("<=", 0)),
+         Figure("server errors (500s; 5xx but a 503 with Retry-After during an outage)", "server_errors", "",
+                ("<=", 0)),
+         Figure("deadlocks in PostgreSQL's log", "deadlocks", "", ("<=", 0)),
+         Figure("requests not final after the drain", "stuck", "", ("<=", 0)),
+         Figure("files submitted", "submitted", ""),
+         Figure("worker kills / PostgreSQL restarts / Redis restarts",
+                lambda r: f"{r['worker_kills']} / {r['pg_restarts']} / {r['redis_restarts']}"),
+         Figure("slowest statement (auto_explain over 3 s)", "slowest_statement_s", " s", None, 1)],
+        services=False, minutes=15),
+    Benchmark(
         "tape_rest_poll", "Tape REST polls: GET stage/{id} of a 10,000-file request, 200 clients (issue 10)",
         "tape_rest_poll.py",
         "One stage request of 10,000 files, then `wrk -c200 -d20s` polling it with a bearer token "

@@ -48,3 +48,19 @@ def test_the_api_works_on_while_redis_is_unreachable(alice, redis_down):
     assert client.get("/api/v1/summary/").status_code == 200
     r = client.post("/api/v1/requests/", {"paths": ["/while/redis/is/down"]}, format="json")
     assert r.status_code == 201, r.content
+
+
+def test_a_submission_whose_copy_loses_the_database_answers_503(alice, monkeypatch):
+    # COPY goes through psycopg's own cursor (carousel.infra.db.insert_rows): its errors are
+    # psycopg's, not Django's wrapped ones. A PostgreSQL restart mid-COPY was a 500 page.
+    import psycopg
+
+    from carousel.infra import db
+
+    def copy_cut(*args, **kwargs):
+        raise psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(db, "insert_rows", copy_cut)
+    r = client_for(alice).post("/api/v1/requests/", {"paths": ["/o/a", "/o/b"]}, format="json")
+    assert r.status_code == 503 and r["Retry-After"] == str(RETRY_AFTER_S)
+    assert r.json()["code"] == "unavailable"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q
+from django.db.models import F, Lookup, Q
 from django.db.models.expressions import RawSQL
 
 
@@ -44,12 +44,29 @@ def insert_rows(model, columns, rows, *, ids=True):
     return [o.pk for o in objs]
 
 
+class _AnyKey(Lookup):
+    """`field = ANY(%s::uuid[])`, the list of keys as one array parameter (in_keys)."""
+
+    lookup_name = "any_key"
+    prepare_rhs = False
+
+    def as_sql(self, compiler, connection):
+        lhs, params = self.process_lhs(compiler, connection)
+        return f"{lhs} = ANY(%s::uuid[])", (*params, self.rhs)
+
+
 def in_keys(field, keys):
     """`field IN keys` for a list of up to 100,000 UUIDs. PostgreSQL gets them as one array
-    parameter: a 100,000-placeholder IN list costs about a second to compile and parse."""
+    parameter (a 100,000-placeholder IN list costs about a second to compile and parse), as
+    `field = ANY(array)`: one scan of the table, by the index (a probe per key) or whole (the
+    keys hashed), never a join. `IN (SELECT unnest(array))` is a join planned from a guess of
+    200 keys, which leaves the planner the choice of a nested loop over the table's rows with
+    the keys walked for each: rows x keys (issue 24: a 12,000-path submission's look-up once
+    took 76 s under load; the plans seen since were index probes, but this form cannot be
+    anything slower than one pass over the table)."""
     keys = list(keys)
     if is_postgres():
-        return Q(**{f"{field}__in": RawSQL("SELECT unnest(%s::uuid[])", [keys])})
+        return Q(_AnyKey(F(field), keys))
     return Q(**{f"{field}__in": keys})
 
 

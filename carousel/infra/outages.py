@@ -4,6 +4,7 @@ page that makes them give up at once. The API says it in its JSON error format (
 pages and other addresses through OutageMiddleware."""
 import json
 
+import psycopg
 from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -15,8 +16,10 @@ RETRY_AFTER_S = 30
 
 
 def outage(exc):
-    """What is unreachable, in words for a person, when `exc` says a service is down; else None."""
-    if isinstance(exc, (OperationalError, InterfaceError)):
+    """What is unreachable, in words for a person, when `exc` says a service is down; else None.
+    psycopg's own errors count too: COPY goes through psycopg's cursor (carousel/infra/db.py),
+    whose errors Django does not wrap."""
+    if isinstance(exc, (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)):
         return "the database is unreachable or overloaded"
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
         return "the shared cache (Redis) is unreachable"

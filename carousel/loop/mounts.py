@@ -18,11 +18,11 @@ from carousel.loop.failures import Failure, fail_requests
 from carousel.loop.locating import any_unlocated
 from carousel.models import (
     FINISHED_JOB_STATES, IN_FLIGHT_STATES, READY, Control, ErrorClass, Job, JobState, RequestState as S,
-    RestoreRequest, StagerHealth, Tape,
+    RestoreRequest, StagerCall, StagerHealth, Tape,
 )
 from carousel.loop.progress import files_in_flight, job_spec
 from carousel.domain.selectors import drive_allocation, drives_in_use
-from carousel.domain.services import request_transition
+from carousel.domain.services import request_transition, stager_call_record
 from carousel.stagers.base import StagerUnavailable
 from carousel.tape import MEDIA, mount_profile
 
@@ -332,11 +332,30 @@ def send_jobs(*, now, stager):
             log.exception("the stager refused job %s", job.id)
             _refused(job, exc, now=now)
             continue
-        Job.objects.filter(id=job.id, state=JobState.PENDING).update(
-            state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now)
+        _acknowledge(job, spec, backend_id, now=now)
         if job.chain:
             chains.add(job.chain)
     return ""
+
+
+def _acknowledge(job, spec, backend_id, *, now):
+    """Record that the stager took `job`, then withdraw the files of `spec` that no request in
+    the job wants any more: a cancel that read the job before its backend id was recorded
+    recorded nothing to withdraw (stager_call_record skips such jobs). A cancel holds its
+    requests from before it reads the job until it commits, so locking them after the id is
+    committed sees every cancel that missed it (one that saw it withdraws the file itself;
+    withdrawing twice is harmless). Two transactions: the job's update fires the usage
+    counters' triggers, whose rows a cancel also takes, so none is held while waiting here."""
+    if not Job.objects.filter(id=job.id, state=JobState.PENDING).update(
+            state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now):
+        # Given up or cancelled meanwhile: still the stager's, so its files are withdrawn.
+        Job.objects.filter(id=job.id, backend_id="").update(backend_id=backend_id)
+    with transaction.atomic():
+        # In id order, as request_cancel locks: two lockers of the same rows wait, never deadlock.
+        wanted = set(RestoreRequest.objects.filter(job_id=job.id, state__in=IN_FLIGHT_STATES).order_by("id")
+                     .select_for_update().values_list("path", flat=True))
+        stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=[(job.id, p) for p in spec.paths if p not in wanted],
+                           now=now)
 
 
 def preempt(*, now, stager, control):

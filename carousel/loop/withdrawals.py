@@ -4,8 +4,10 @@ expiry of requests whose deadline passed, a job given up, a pin's end (carousel/
 
 The loop sends them each cycle, after its own work and never while the stager is down: at
 most CALLS_PER_CYCLE, and it waits at most CALLS_BUDGET_S for them, so a slow stager cannot
-hold the cycle up. A call the stager fails is tried again later, backing off, until it is
-confirmed. A user's cancel also asks the control queue to send at once (tasks.withdraw)."""
+hold the cycle up. One send at a time per process: while the stager is still busy with a call
+of an earlier send, a later one sends nothing, and the calls that send did not reach wait
+RETRY_S[0] (not counted as an attempt). A call the stager fails is tried again later, backing
+off, until it is confirmed. A user's cancel also asks the control queue to send at once (tasks.withdraw)."""
 import logging
 import threading
 from datetime import timedelta
@@ -33,42 +35,73 @@ def expire_requests(*, now):
     return count
 
 
+# One sender at a time in a process: a cycle or a withdraw task that finds the previous send
+# still waiting on the stager sends nothing, so a slow stager never gets the same call twice at
+# once, nor a growing number of threads.
+_sending = threading.Lock()
+
+
 def send_stager_calls(*, now, stager, limit=CALLS_PER_CYCLE, budget_s=CALLS_BUDGET_S):
     """Send the stager calls that are due, oldest first. Returns how many it confirmed."""
     if StagerHealth.get().state == h.DOWN:
         return 0  # the loop's probe says when it is back; until then the calls wait
-    with transaction.atomic():
-        calls = list(StagerCall.objects.filter(next_at__lte=now).order_by("next_at", "id")
-                     .select_for_update(skip_locked=True)[:limit])
-        StagerCall.objects.filter(id__in=[c.id for c in calls]).update(next_at=now + timedelta(seconds=LEASE_S))
+    if not _sending.acquire(blocking=False):
+        return 0  # the previous send is still waiting on the stager; its calls stay leased
+    try:
+        with transaction.atomic():
+            calls = list(StagerCall.objects.filter(next_at__lte=now).order_by("next_at", "id")
+                         .select_for_update(skip_locked=True)[:limit])
+            StagerCall.objects.filter(id__in=[c.id for c in calls]).update(next_at=now + timedelta(seconds=LEASE_S))
+    except BaseException:
+        _sending.release()
+        raise
     if not calls:
+        _sending.release()
         return 0
     outcome = {}  # call id -> "" (confirmed) or the error
+    begun = set()  # calls handed to the stager
+    turn = threading.Lock()  # a call is begun, or the wait is over: never both unseen
+    over = threading.Event()
 
     def send():
         # No database here: this thread may outlive the wait below, and then only its answers are lost
-        # (the calls are sent again once their lease ends; withdrawing or releasing twice is harmless).
-        for call in calls:
-            try:
-                getattr(stager, call.kind)(call.backend_id, call.paths)
-                outcome[call.id] = ""
-            except Exception as exc:  # noqa: BLE001 - any failure: kept, tried again
-                outcome[call.id] = f"{type(exc).__name__}: {exc}"
-                if isinstance(exc, StagerUnavailable):
-                    break
+        # (the call it is in is sent again once its lease ends; withdrawing or releasing twice is harmless).
+        try:
+            for call in calls:
+                with turn:
+                    if over.is_set():
+                        return  # past the wait: the calls not begun are the next send's
+                    begun.add(call.id)
+                try:
+                    getattr(stager, call.kind)(call.backend_id, call.paths)
+                    outcome[call.id] = ""
+                except Exception as exc:  # noqa: BLE001 - any failure: kept, tried again
+                    outcome[call.id] = f"{type(exc).__name__}: {exc}"
+                    if isinstance(exc, StagerUnavailable):
+                        return
+        finally:
+            _sending.release()
 
     sender = threading.Thread(target=send, name="stager-calls", daemon=True)
     sender.start()
     sender.join(budget_s)
+    with turn:
+        over.set()
+        begun = set(begun)
     outcome = dict(outcome)
     confirmed = [i for i, error in outcome.items() if not error]
     StagerCall.objects.filter(id__in=confirmed).delete()
+    not_reached = []
     for call in calls:
         if outcome.get(call.id):
             delay = min(RETRY_S[0] * 2 ** min(call.attempts, 12), RETRY_S[1])
             StagerCall.objects.filter(id=call.id).update(attempts=call.attempts + 1, last_error=outcome[call.id],
                                                          next_at=now + timedelta(seconds=delay))
             log.warning("stager call %s failed (attempt %d): %s", call, call.attempts + 1, outcome[call.id])
-        elif call.id not in outcome:  # not reached: the stager was slow or down; next cycle
-            StagerCall.objects.filter(id=call.id).update(next_at=now)
+        elif call.id not in begun:
+            not_reached.append(call.id)
+        # A call begun and not answered is still with the stager: it keeps its lease.
+    # Not reached (the stager was slow or down): not tried, so no attempt counted, but not due
+    # again at once either, while the stager is still busy with the call before them.
+    StagerCall.objects.filter(id__in=not_reached).update(next_at=now + timedelta(seconds=RETRY_S[0]))
     return len(confirmed)
