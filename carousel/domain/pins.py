@@ -31,7 +31,7 @@ def end_expired_pins(*, now):
 
 def _end_pins(queryset, *, now):
     with transaction.atomic():
-        ended = list(queryset.filter(state=S.DONE, pin_until__isnull=False).select_for_update(of=("self",))
+        ended = list(queryset.filter(state=S.DONE, pin_until__isnull=False).select_for_update(of=("self",), no_key=True)
                      .values_list("id", "path_key", "path", "job_id"))
         if not ended:
             return 0

@@ -298,7 +298,7 @@ def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCEL
         # (it would then be cancelled here but never withdrawn from the stager). In id order, as
         # the loop locks a job's requests when the stager acknowledges it (mounts._acknowledge):
         # two lockers of the same rows in one order wait for each other, never deadlock.
-        ids = list(queryset.filter(state__in=ACTIVE_STATES).order_by("id").select_for_update(of=("self",))
+        ids = list(queryset.filter(state__in=ACTIVE_STATES).order_by("id").select_for_update(of=("self",), no_key=True)
                    .values_list("id", flat=True))
         locked = RestoreRequest.objects.filter(id__in=ids)
         in_flight = list(

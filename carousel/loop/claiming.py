@@ -61,11 +61,15 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
         return []
     staged_elsewhere = RestoreRequest.objects.filter(path_key=OuterRef("path_key"), state__in=IN_FLIGHT_STATES)
     with transaction.atomic():
+        # FOR NO KEY UPDATE, here and wherever a request row is locked to change its state: a
+        # submission that links an existing request to its BulkItem takes FOR KEY SHARE on it
+        # (the foreign key's check), which plain FOR UPDATE blocks; the stress run saw the two
+        # deadlock. No request's key ever changes, so nothing is lost by the weaker lock.
         claimed = dict(
             (i, (path, key)) for i, path, key in
             RestoreRequest.objects.filter(id__in=[c.id for c in selection.chosen], state=S.QUEUED)
             .exclude(Exists(staged_elsewhere)).exclude(tape__quarantined_at__isnull=False)
-            .select_for_update(skip_locked=True, of=("self",))
+            .select_for_update(skip_locked=True, of=("self",), no_key=True)
             .values_list("id", "path", "path_key")
         )
         chosen = [c for c in selection.chosen if c.id in claimed]

@@ -353,7 +353,7 @@ def _acknowledge(job, spec, backend_id, *, now):
     with transaction.atomic():
         # In id order, as request_cancel locks: two lockers of the same rows wait, never deadlock.
         wanted = set(RestoreRequest.objects.filter(job_id=job.id, state__in=IN_FLIGHT_STATES).order_by("id")
-                     .select_for_update().values_list("path", flat=True))
+                     .select_for_update(no_key=True).values_list("path", flat=True))
         stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=[(job.id, p) for p in spec.paths if p not in wanted],
                            now=now)
 
