@@ -30,12 +30,12 @@ grant is read by duck typing (`stage`, `poll` tuples) so the domain does not imp
 import re
 from dataclasses import dataclass
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from carousel.domain import authz
 from carousel.domain.exceptions import NotAllowed, NotFound
 from carousel.domain.paths import under_any
-from carousel.models import Account, Bulk, RestoreRequest
+from carousel.models import Account, Bulk, BulkItem, Intake, RestoreRequest
 
 SUBMIT, READ, CANCEL, RELEASE = "submit", "read", "cancel", "release"
 ACTIONS = (SUBMIT, READ, CANCEL, RELEASE)
@@ -155,8 +155,8 @@ def poll_refusals(who, paths):
     return out
 
 
-def _scope_q(who, action):
-    """The requests whose path the scopes allow `action` on, as a filter (None: all)."""
+def _scope_q(who, action, field="path"):
+    """The rows whose `field` (a path) the scopes allow `action` on, as a filter (None: all)."""
     grant = _as_identity(who).grant
     if grant is None:
         return None
@@ -165,8 +165,21 @@ def _scope_q(who, action):
         return None
     q = Q(pk__in=[])
     for prefix in prefixes:
-        q |= Q(path=prefix) | Q(path__startswith=prefix + "/")
+        q |= Q(**{field: prefix}) | Q(**{f"{field}__startswith": prefix + "/"})
     return q
+
+
+def _bulk_outside_scope(who, action):
+    """Whether a submission (OuterRef "pk") holds a path the scopes do not allow `action` on, as
+    an expression (None: a credential without scopes, or scoped to "/"). One indexed probe per
+    submission, never its paths loaded: a submission may hold 100,000 files."""
+    scope = _scope_q(who, action)
+    if scope is None:
+        return None
+    created = RestoreRequest.objects.filter(bulk_id=OuterRef("pk")).exclude(scope)
+    again = BulkItem.objects.filter(bulk_id=OuterRef("pk")).exclude(_scope_q(who, action, "request__path"))
+    waiting = Intake.objects.filter(bulk_id=OuterRef("pk")).exclude(scope)
+    return Exists(created) | Exists(again) | Exists(waiting)
 
 
 # --- requests and submissions -------------------------------------------------------------------
@@ -237,6 +250,27 @@ def visible_bulks(who):
     return qs.filter(Q(user=user) | Q(submitter=user)) if acts_for_others(user) else qs.filter(user=user)
 
 
+def readable_bulks(who):
+    """The submissions an identity may read (the native API's list and detail): visible_bulks,
+    and for a WLCG token those whose every path its scopes let it read (a token scoped to
+    /elsewhere does not read alice's /data submission, as the Tape REST poll refuses it)."""
+    who = _as_identity(who)
+    qs = visible_bulks(who)
+    if not scope_allows_any(who, READ):
+        return qs.none()
+    outside = _bulk_outside_scope(who, READ)
+    return qs if outside is None else qs.exclude(outside)
+
+
+def require_bulk_covered(who, action, bulk):
+    """Refuse (InsufficientScope) unless the token's scopes allow `action` on every path of the
+    submission (reading it whole, deleting a stage request): a database probe, not its paths."""
+    require_scope(who, action)
+    outside = _bulk_outside_scope(who, action)
+    if outside is not None and Bulk.objects.filter(pk=bulk.pk).filter(outside).exists():
+        raise InsufficientScope(f"the token's scopes do not allow {action} of every path of submission {bulk.pk}")
+
+
 def check_bulk(who, action, bulk):
     """As check_request, for a whole submission (its requests are then filtered one by one with
     actionable_requests: a service account's submission may hold a person's own request)."""
@@ -256,6 +290,22 @@ def own_bulks(who):
     by path look into for files still in the intake."""
     user = _as_identity(who).user
     return Bulk.objects.filter(Q(user=user) | Q(submitter=user))
+
+
+def stage_requests(who):
+    """The stage requests the Tape REST door shows an identity and lets it act on: its own
+    submissions, a service account's also those it submitted for a person (own_bulks).
+    Deliberately narrower than visible_bulks: on that door a stage request belongs to the client
+    that posted it (the WLCG document has no listing and no one else's view); an operator sees
+    and acts on others' submissions through the native API and the admin. Then check_bulk
+    decides the action, and the requests acted on are actionable_requests: a service's stage
+    request may hold the person's own request, which it never cancels or releases."""
+    return own_bulks(who)
+
+
+def shows_stage_request(user, owner_id, submitter_id):
+    """stage_requests for a submission known by its owner and submitter (a cached poll)."""
+    return user.pk in (owner_id, submitter_id)
 
 
 def bulk_whole(who, paths):
