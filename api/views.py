@@ -222,7 +222,7 @@ class BulkCancel(APIView):
         policy.require_scope(who, policy.CANCEL)
         bulk = get_object_or_404(Bulk.objects.all(), pk=pk)
         policy.check_bulk(who, policy.CANCEL, bulk)  # 404 where not visible, 403 where seen
-        whole = policy.bulk_whole(who, selectors.bulk_paths(bulk) if who.grant else [])
+        whole = policy.bulk_whole(who, bulk)
         count, pairs = services.bulk_cancel(bulk=bulk, now=timezone.now(), whole=whole,
                                             allowed=policy.actionable_requests(who, policy.CANCEL))
         withdraw_on_commit(pairs)

@@ -9,16 +9,20 @@ which of the seen objects it may act on:
 - **see** (404 otherwise, so that existence does not leak): one's own requests and
   submissions; a service account's, also what it submitted for others (never what the person
   submitted themselves); an operator's, everyone's, by the view permission on restore
-  requests (on bulks for submissions). Staff status alone grants nothing.
+  requests (on bulks for submissions). Staff status alone grants nothing. The Tape REST door
+  shows one's own stage requests only, operators' included (stage_requests).
 - **act** (cancel, release/evict; 403 where seen but not allowed): one's own requests, a
-  service account's also what it submitted for a person; anyone's with the change permission
+  service account's also what it submitted for a person (never the person's own request or
+  pin, even where its submission lists it); anyone's with the change permission
   on restore requests. The list forms (many ids, a whole submission, paths) skip what may not
   be acted on and count what was done. The forms by path act on one's own requests only,
   unless the caller asks for all users and holds the change permission.
 - **WLCG scopes**: `storage.stage:P` allows submit, read, cancel and release under P;
   `storage.poll:P` allows read (and archiveinfo) under P only; any other scope, or none,
-  allows nothing on either door. A credential that allows an action on no path at all is
-  refused whole (InsufficientScope: 403 with `WWW-Authenticate: Bearer error="insufficient_scope"`).
+  allows nothing on either door. A submission (a stage request) is read, and deleted, whole: a
+  token reads it only if its scopes cover every path of it (readable_bulks). A credential
+  that allows an action on no path at all is refused whole (InsufficientScope: 403 with
+  `WWW-Authenticate: Bearer error="insufficient_scope"`).
   A token's wlcg.groups never replace its scopes: they only choose, for that request, the
   groups whose path prefixes the path authorisation plugin (carousel/domain/authz.py) reads.
 - **others' paths, the stager's last error, everyone's usage**: the view permission (restore
@@ -171,8 +175,9 @@ def _scope_q(who, action, field="path"):
 
 def _bulk_outside_scope(who, action):
     """Whether a submission (OuterRef "pk") holds a path the scopes do not allow `action` on, as
-    an expression (None: a credential without scopes, or scoped to "/"). One indexed probe per
-    submission, never its paths loaded: a submission may hold 100,000 files."""
+    an expression (None: a credential without scopes, or scoped to "/"). Asked of the database
+    (the submission's index, stopping at the first path outside): the paths, up to 100,000,
+    are never loaded."""
     scope = _scope_q(who, action)
     if scope is None:
         return None
@@ -262,12 +267,18 @@ def readable_bulks(who):
     return qs if outside is None else qs.exclude(outside)
 
 
+def bulk_covered(who, action, bulk):
+    """Whether the credential's scopes allow `action` on every path of the submission: a
+    database probe, not its paths."""
+    outside = _bulk_outside_scope(who, action)
+    return outside is None or not Bulk.objects.filter(pk=bulk.pk).filter(outside).exists()
+
+
 def require_bulk_covered(who, action, bulk):
     """Refuse (InsufficientScope) unless the token's scopes allow `action` on every path of the
-    submission (reading it whole, deleting a stage request): a database probe, not its paths."""
+    submission (reading it whole, deleting a stage request)."""
     require_scope(who, action)
-    outside = _bulk_outside_scope(who, action)
-    if outside is not None and Bulk.objects.filter(pk=bulk.pk).filter(outside).exists():
+    if not bulk_covered(who, action, bulk):
         raise InsufficientScope(f"the token's scopes do not allow {action} of every path of submission {bulk.pk}")
 
 
@@ -308,11 +319,10 @@ def shows_stage_request(user, owner_id, submitter_id):
     return user.pk in (owner_id, submitter_id)
 
 
-def bulk_whole(who, paths):
+def bulk_whole(who, bulk):
     """Whether the identity's cancel covers every path of a submission: then the submission
     itself is marked cancelled (a token scoped to part of it cancels that part only)."""
-    who = _as_identity(who)
-    return who.grant is None or all(scope_allows(who, CANCEL, p) for p in paths)
+    return bulk_covered(who, CANCEL, bulk)
 
 
 def may_act_for_all_users(user):

@@ -13,7 +13,6 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import connections, transaction
-from django.db.models import Q
 
 from carousel.infra import db
 from carousel.domain import policy
