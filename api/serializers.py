@@ -47,7 +47,8 @@ class SubmitSerializer(StrictSerializer):
         choices=DestinationLayout.choices, default=DestinationLayout.PATH,
         help_text="Where under the destination each file goes: 'path' (the default) by its whole path "
                   "(/star/run1/a.root to DESTINATION/star/run1/a.root), 'name' by its name alone "
-                  "(DESTINATION/a.root); with 'name', two files of one submission with the same name are "
+                  "(DESTINATION/a.root); two files of one submission delivered to the same place (one name "
+                  "twice, with 'name'), or one where another needs a directory (/x/a and /x/a/b), are "
                   "refused (400, listed in errors) and nothing is stored.")
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
     pin_lifetime = serializers.DurationField(required=False, allow_null=True, default=None,

@@ -192,7 +192,8 @@ class BulkList(generics.ListAPIView):
     pagination_class = BulksNewestFirst
 
     def get_queryset(self):
-        qs = selectors.visible_bulks(self.request.user).select_related("user")
+        # Those the identity may read: a token's, those whose every path its scopes let it read.
+        qs = policy.readable_bulks(policy.identity(self.request)).select_related("user")
         label = self.request.query_params.get("label")
         return qs.filter(label=label) if label else qs
 
@@ -204,7 +205,10 @@ class BulkList(generics.ListAPIView):
 class BulkDetail(APIView):
     @extend_schema(responses=s.BulkDetailSerializer)
     def get(self, request, pk):
-        bulk = get_object_or_404(selectors.visible_bulks(request.user).select_related("user"), pk=pk)
+        who = policy.identity(request)
+        bulk = get_object_or_404(Bulk.objects.select_related("user"), pk=pk)
+        policy.check_bulk(who, policy.READ, bulk)  # 404 where not visible
+        policy.require_bulk_covered(who, policy.READ, bulk)  # 403 insufficient_scope, as the Tape REST poll
         body = s.BulkSerializer(bulk).data
         body["states"] = selectors.bulk_state_counts(bulk)
         body["requests_url"] = reverse("api:request-list", request=request) + f"?bulk={bulk.id}"
@@ -218,7 +222,7 @@ class BulkCancel(APIView):
         policy.require_scope(who, policy.CANCEL)
         bulk = get_object_or_404(Bulk.objects.all(), pk=pk)
         policy.check_bulk(who, policy.CANCEL, bulk)  # 404 where not visible, 403 where seen
-        whole = policy.bulk_whole(who, selectors.bulk_paths(bulk) if who.grant else [])
+        whole = policy.bulk_whole(who, bulk)
         count, pairs = services.bulk_cancel(bulk=bulk, now=timezone.now(), whole=whole,
                                             allowed=policy.actionable_requests(who, policy.CANCEL))
         withdraw_on_commit(pairs)
@@ -228,7 +232,10 @@ class BulkCancel(APIView):
 class Summary(APIView):
     @extend_schema(responses=s.SummarySerializer)
     def get(self, request):
-        return Response(selectors.queue_summary(user=request.user))
+        who = policy.identity(request)
+        # A token's summary counts only the requests its scopes let it read.
+        scoped = policy.visible_requests(who).filter(user=request.user) if who.grant else None
+        return Response(selectors.queue_summary(user=request.user, requests=scoped))
 
 
 class StagerHealthView(APIView):

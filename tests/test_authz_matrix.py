@@ -26,7 +26,7 @@ from rest_framework.authtoken.models import Token
 
 from carousel.domain import services
 from carousel.grid import door as grid
-from carousel.models import Account, Control, RequestState, RestoreRequest, WlcgIdentity
+from carousel.models import Account, Control, Job, JobState, RequestState, RestoreRequest, Tape, WlcgIdentity
 from tests.conftest import grant_operator_permissions, make_user
 from tests.fakes.wlcg_issuer import Issuer
 
@@ -108,6 +108,53 @@ def service_submission(w):
     return SimpleNamespace(bulk=bulk, req=RestoreRequest.objects.get(bulk=bulk), mine=mine.req)
 
 
+def service_submission_pinned(w):
+    """service_submission with both requests restored and pinned: the service's release of its
+    stage request must leave alice's own pin (issue 25)."""
+    t = service_submission(w)
+    now = timezone.now()
+    RestoreRequest.objects.filter(pk__in=[t.req.pk, t.mine.pk]).update(
+        state=RequestState.DONE, finished_at=now, pin_until=now + timedelta(days=1))
+    return t
+
+
+def own_pin_of_alice_released(t, _response):
+    return RestoreRequest.objects.get(pk=t.mine.pk).pin_until is None
+
+
+def lists_the_submission(t, response):
+    return str(t.bulk.pk) in response.text
+
+
+def quarantined_tape(w):
+    return SimpleNamespace(tape=Tape.objects.create(label=f"Q{next(w.n)}", quarantined_at=timezone.now(),
+                                                    quarantine_reason="three failures"))
+
+
+def quarantine_lifted(t, _response):
+    return Tape.objects.get(pk=t.tape.pk).quarantined_at is None
+
+
+def alices_retry(w):
+    t = w.submit(w.alice, "retry")
+    RestoreRequest.objects.filter(pk=t.req.pk).update(state=RequestState.RETRY,
+                                                      retry_at=timezone.now() + timedelta(hours=1))
+    return t
+
+
+def queued_again(t, _response):
+    return RestoreRequest.objects.get(pk=t.req.pk).state == RequestState.QUEUED
+
+
+def a_sent_job(w):
+    now = timezone.now()
+    return SimpleNamespace(job=Job.objects.create(state=JobState.SENT, created_at=now, sent_at=now))
+
+
+def job_given_up(t, _response):
+    return Job.objects.get(pk=t.job.pk).state == JobState.FAILED
+
+
 @dataclass
 class Row:
     name: str
@@ -165,9 +212,13 @@ TABLE = [
         api((200, True), **{**LIST_SKIPS, "operator": (200, False), "service": (200, True)}),
         body=lambda w, t: {"paths": [t.req.path]}, setup=pin_the_service_made, effect=pin_released,
         fails_today="a service account cannot release the pins it made for a person"),
-    Row("list submissions", "api", "GET", lambda w, t: "/api/v1/bulks/", api(200)),
+    Row("list submissions: alice's shown", "api", "GET", lambda w, t: "/api/v1/bulks/?page_size=1000",
+        api((200, True), bob=(200, False), staffer=(200, False), service=(200, False),
+            jwt_elsewhere=(200, False), jwt_read=(NOSCOPE, False), jwt_none=(NOSCOPE, False), nobody=(401, False)),
+        effect=lists_the_submission, fails_today="submission reads ignore token scopes"),
     Row("read alice's submission", "api", "GET", lambda w, t: f"/api/v1/bulks/{w.base.bulk.pk}/",
-        api(200, bob=404, staffer=404, service=404)),
+        api(200, bob=404, staffer=404, service=404, jwt_elsewhere=NOSCOPE),
+        fails_today="submission reads ignore token scopes"),
     Row("cancel alice's submission", "api", "POST", lambda w, t: f"/api/v1/bulks/{t.bulk.pk}/cancel/",
         api((200, True), **{**OWNER_ACTS, "jwt_poll": (NOSCOPE, False), "jwt_elsewhere": (200, False)}),
         setup=alices_request, effect=cancelled, fails_today="scopes hold on one door only"),
@@ -183,7 +234,11 @@ TABLE = [
     Row("cancel-many alice's own request the service asked for again", "api", "POST",
         lambda w, t: "/api/v1/requests/cancel/", api((200, True), **LIST_SKIPS),
         body=lambda w, t: {"ids": [t.mine.pk]}, setup=service_submission, effect=own_request_of_alice_cancelled),
-    Row("summary", "api", "GET", lambda w, t: "/api/v1/summary/", api(200)),
+    Row("summary: nothing active counted", "api", "GET", lambda w, t: "/api/v1/summary/",
+        # alice's own active requests are counted; a token of hers scoped to /elsewhere counts
+        # none of her /data requests.
+        api(200, alice=(200, False), jwt_stage=(200, False), jwt_poll=(200, False), jwt_elsewhere=(200, True)),
+        effect=shows('"active":0,'), fails_today="submission reads ignore token scopes"),
     Row("stager: the last cycle error shown", "api", "GET", lambda w, t: "/api/v1/stager/",
         api((200, False), viewer=(200, True), operator=(200, True), jwt_read=(NOSCOPE, False),
             jwt_none=(NOSCOPE, False), nobody=(401, False)), effect=shows("secret-of-bob"),
@@ -196,6 +251,10 @@ TABLE = [
     Row("unknown API address", "api", "GET", lambda w, t: "/api/v1/requests/abc/",
         api(404, jwt_read=404, jwt_none=404, nobody=404)),
     Row("schema", "api", "GET", lambda w, t: "/api/schema/", {"alice": 200, "nobody": 200}),
+    Row("API docs", "api", "GET", lambda w, t: "/api/docs/", {"alice": 200, "nobody": 200}),
+    # No user credential opens the metrics (test_the_matrix allows no network): a scraper's
+    # network or CAROUSEL_METRICS_TOKEN only.
+    Row("metrics", "api", "GET", lambda w, t: "/metrics", {who: 403 for who in WHO}),
     # The Tape REST door: a caller's own stage requests (a service's: those it made).
     Row("tape: stage", "tape", "POST", lambda w, t: f"{TAPE}/stage",
         api(201, jwt_poll=NOSCOPE, jwt_elsewhere=NOSCOPE), body=lambda w, t: {"files": [{"path": w.path("t")}]},
@@ -203,20 +262,44 @@ TABLE = [
     Row("tape: poll alice's stage request", "tape", "GET", lambda w, t: f"{TAPE}/stage/{w.base.bulk.pk}",
         api(200, **TAPE_OWN_ONLY, jwt_elsewhere=NOSCOPE)),
     Row("tape: cancel a file of alice's", "tape", "POST", lambda w, t: f"{TAPE}/stage/{t.bulk.pk}/cancel",
-        api((200, True), **{**TAPE_ACTS, "jwt_poll": (NOSCOPE, False), "jwt_elsewhere": (NOSCOPE, False)}),
+        api((200, True), **{**TAPE_ACTS, "jwt_poll": (NOSCOPE, False), "jwt_elsewhere": (200, False)}),
         body=lambda w, t: {"paths": [t.req.path]}, setup=alices_request, effect=cancelled),
     Row("tape: delete alice's stage request", "tape", "DELETE", lambda w, t: f"{TAPE}/stage/{t.bulk.pk}",
         api((200, True), **{**TAPE_ACTS, "jwt_poll": (NOSCOPE, False), "jwt_elsewhere": (NOSCOPE, False)}),
         setup=alices_request, effect=cancelled),
     Row("tape: release alice's pin", "tape", "POST", lambda w, t: f"{TAPE}/release/{t.bulk.pk}",
-        api((200, True), **{**TAPE_ACTS, "jwt_poll": (NOSCOPE, False), "jwt_elsewhere": (NOSCOPE, False)}),
+        api((200, True), **{**TAPE_ACTS, "jwt_poll": (NOSCOPE, False), "jwt_elsewhere": (200, False)}),
         body=lambda w, t: {"paths": [t.req.path]}, setup=alices_pin, effect=pin_released),
     Row("tape: release by path (gfal2's placeholder id)", "tape", "POST",
         lambda w, t: f"{TAPE}/release/gfal2-placeholder-id",
         api((200, False), alice=(200, True), jwt_stage=(200, True), jwt_poll=(NOSCOPE, False),
-            jwt_elsewhere=(NOSCOPE, False), jwt_read=(NOSCOPE, False), jwt_none=(NOSCOPE, False),
-            nobody=(401, False)),
+            jwt_read=(NOSCOPE, False), jwt_none=(NOSCOPE, False), nobody=(401, False)),
         body=lambda w, t: {"paths": [t.req.path]}, setup=alices_pin, effect=pin_released),
+    Row("tape: release by path, one path outside the token's scopes: skipped", "tape", "POST",
+        lambda w, t: f"{TAPE}/release/gfal2-placeholder-id",
+        api((200, False), alice=(200, True), jwt_stage=(200, True), jwt_poll=(NOSCOPE, False),
+            jwt_read=(NOSCOPE, False), jwt_none=(NOSCOPE, False), nobody=(401, False)),
+        body=lambda w, t: {"paths": [t.req.path, "/elsewhere/x"]}, setup=alices_pin, effect=pin_released,
+        fails_today="release by path refused whole for one path outside the scopes (native skips it)"),
+    Row("tape: the service deletes its stage request holding alice's own", "tape", "DELETE",
+        lambda w, t: f"{TAPE}/stage/{t.bulk.pk}",
+        api((200, True), **{**TAPE_ACTS, "jwt_poll": (NOSCOPE, False), "jwt_elsewhere": (NOSCOPE, False),
+                            "service": (200, False)}),
+        setup=service_submission, effect=own_request_of_alice_cancelled,
+        fails_today="a service account cancels a person's own requests (Tape REST door)"),
+    Row("tape: the service cancels alice's own file in its stage request", "tape", "POST",
+        lambda w, t: f"{TAPE}/stage/{t.bulk.pk}/cancel",
+        api((200, True), **{**TAPE_ACTS, "jwt_poll": (NOSCOPE, False), "jwt_elsewhere": (200, False),
+                            "service": (200, False)}),
+        body=lambda w, t: {"paths": [t.mine.path]}, setup=service_submission, effect=own_request_of_alice_cancelled,
+        fails_today="a service account cancels a person's own requests (Tape REST door)"),
+    Row("tape: the service releases alice's own pin in its stage request", "tape", "POST",
+        lambda w, t: f"{TAPE}/release/{t.bulk.pk}",
+        api((200, True), **{**TAPE_ACTS, "jwt_poll": (NOSCOPE, False), "jwt_elsewhere": (200, False),
+                            "service": (200, False)}),
+        body=lambda w, t: {"paths": [t.mine.path]}, setup=service_submission_pinned, effect=own_pin_of_alice_released,
+        fails_today="a service account releases a person's own pin (Tape REST door)"),
+    Row("tape: discovery", "tape", "GET", lambda w, t: "/.well-known/wlcg-tape-rest-api", {who: 200 for who in WHO}),
     Row("tape: archiveinfo", "tape", "POST", lambda w, t: f"{TAPE}/archiveinfo",
         # Answered path by path: a path outside the token's scopes gets an `error` entry of its own
         # (test_tape_rest_archiveinfo checks the entries); a token that may poll nothing: 403.
@@ -224,6 +307,7 @@ TABLE = [
         fails_today="archiveinfo for a token without a storage scope"),
     # The pages.
     Row("my requests page", "web", "GET", lambda w, t: "/", pages(200)),
+    Row("login page", "web", "GET", lambda w, t: "/accounts/login/", pages(200, nobody=200)),
     Row("restore form", "web", "GET", lambda w, t: "/restore/", pages(200)),
     Row("submit by the form", "web", "POST", lambda w, t: "/restore/", pages(302),
         body=lambda w, t: {"paths": w.path("form")}, form=True),
@@ -250,6 +334,21 @@ TABLE = [
         body=lambda w, t: {"action": "retry_now", "_selected_action": [str(t.req.pk)]},
         setup=alices_request, form=True),
     Row("admin jobs", "web", "GET", lambda w, t: "/admin/carousel/job/", admin(200)),
+    Row("admin give up a job", "web", "POST", lambda w, t: "/admin/carousel/job/",
+        admin((302, True), **{who: (302, False) for who in ("alice", "bob", "service", "nobody")},
+              staffer=(403, False), viewer=(200, False)),
+        body=lambda w, t: {"action": "give_up", "_selected_action": [str(t.job.pk)]}, setup=a_sent_job,
+        effect=job_given_up, form=True),
+    Row("admin lift a tape's quarantine", "web", "POST", lambda w, t: "/admin/carousel/tape/",
+        admin((302, True), **{who: (302, False) for who in ("alice", "bob", "service", "nobody")},
+              staffer=(403, False), viewer=(200, False)),
+        body=lambda w, t: {"action": "lift_quarantine", "_selected_action": [str(t.tape.pk)]},
+        setup=quarantined_tape, effect=quarantine_lifted, form=True),
+    Row("admin retry queue: retry now", "web", "POST", lambda w, t: "/admin/carousel/retryqueue/",
+        admin((302, True), **{who: (302, False) for who in ("alice", "bob", "service", "nobody")},
+              staffer=(403, False), viewer=(200, False)),
+        body=lambda w, t: {"action": "retry_now", "_selected_action": [str(t.req.pk)]},
+        setup=alices_retry, effect=queued_again, form=True),
     Row("admin tapes", "web", "GET", lambda w, t: "/admin/carousel/tape/", admin(200)),
     Row("admin control row", "web", "GET", lambda w, t: "/admin/carousel/control/1/change/", admin(200)),
     Row("admin users", "web", "GET", lambda w, t: "/admin/auth/user/", admin(403, viewer=403, operator=403)),
@@ -354,6 +453,7 @@ def issuer(settings):
 def test_the_matrix(live_server, issuer, settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.CAROUSEL_TOKEN_CACHE_SECONDS = 0
+    settings.CAROUSEL_METRICS_ALLOW, settings.CAROUSEL_METRICS_TOKEN = [], "the-scrapers-own"
     w = World(issuer)
     failures = []
     with httpx.Client(base_url=live_server.url, follow_redirects=False, timeout=30) as http:

@@ -144,6 +144,30 @@ def test_files_with_one_name_delivered_by_name_are_refused_and_named(as_alice, r
     assert set(RestoreRequest.objects.values_list("destination_layout", flat=True)) == {"path"}
 
 
+def test_a_file_where_another_needs_a_directory_is_refused_and_both_named(as_alice, roots):
+    # By their whole path, /x/a is a file where /x/a/b needs a directory: one would fail at delivery.
+    r = as_alice.post(URL, {"paths": ["/x/a/b", "/y/c", "/x/a"], "destination": "/scratch/alice",
+                            "destination_layout": "path"}, format="json")
+    assert r.status_code == 400, r.content
+    body = r.json()
+    assert "nothing was stored" in body["detail"]
+    (error,) = body["errors"]
+    assert error["path"] == "/x/a/b" and error["line"] == 1
+    assert "/scratch/alice/x/a/b" in error["message"] and "where /x/a is delivered" in error["message"]
+    assert nothing_stored()
+
+
+def test_a_parent_target_is_flagged_for_both_layouts():
+    from carousel.domain.paths import target_collisions
+
+    by_path = target_collisions(["/x/a", "/y/b", "/x/a/b/c"], destination="/d", layout="path")
+    assert [(e.index, e.path) for e in by_path] == [(2, "/x/a/b/c")]
+    assert "/x/a" in by_path[0].message and "/d/x/a/b/c" in by_path[0].message
+    # By name, targets hold no slash below the destination: only one name twice can meet.
+    assert target_collisions(["/x/a", "/y/b"], destination="/d/", layout="name") == []
+    assert target_collisions(["/x/a", "/x/a/b"], destination="/d", layout="path")[0].index == 1
+
+
 def test_the_web_form_refuses_files_with_one_name_delivered_by_name(client, alice, roots):
     client.force_login(alice)
     r = client.post("/restore/", {"paths": "/star/run1/a.root\n\n/star/run2/a.root", "destination": "/scratch/alice",

@@ -273,7 +273,7 @@ def test_archiveinfo_route_gives_a_locality_for_known_paths(as_alice, now, slash
     assert_problem(as_alice.post(f"{BASE}/archiveinfo{slash}", {"paths": []}, format="json"), 400)
 
 
-def test_release_calls_the_pins_of_the_requests_user(as_alice, alice):
+def test_release_ends_the_callers_pins_of_that_stage_request(as_alice, alice):
     pins = pytest.importorskip("carousel.domain.pins")  # helper c's real pins
     rid = stage(as_alice, ["/d/a"]).json()["requestId"]
     calls = []
@@ -286,8 +286,10 @@ def test_release_calls_the_pins_of_the_requests_user(as_alice, alice):
         assert_problem(as_alice.post(f"{BASE}/release/{rid}", {"paths": ["/other"]}, format="json"), 400)
     finally:
         pins.release_pins = original
-    # By request: the request's user's pins; by path: the caller's own requests (policy.own_requests).
-    assert (calls[0]["user"], calls[0]["paths"]) == (alice, ["/d/a"])
+    # By request: the caller's requests (policy.actionable_requests) that stage request holds,
+    # never every pin of its user on those paths; by path: the caller's own (policy.own_requests).
+    assert calls[0]["paths"] == ["/d/a"]
+    assert list(calls[0]["requests"].values_list("path", "user")) == [("/d/a", alice.pk)]
     assert calls[1]["paths"] == ["/d/a"] and set(calls[1]["requests"].values_list("user", flat=True)) == {alice.pk}
 
 

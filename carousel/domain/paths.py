@@ -76,21 +76,35 @@ def delivery_target(destination, layout, path):
 
 
 def target_collisions(paths, *, destination, layout):
-    """[PathError] for the paths of one submission (normalised, distinct) that would be
-    delivered to the same file as an earlier one of them: each names that one. Only files
-    delivered by their name can meet (two distinct paths never share their whole path)."""
-    if not destination or layout != "name":
+    """[PathError] for the paths of one submission (normalised, distinct) whose delivery would
+    meet another's: the same file as an earlier one (files delivered by their name), or a file
+    where another needs a directory (layout "path": /x/a and /x/a/b; by name, a file named as a
+    directory the destination holds cannot arise, but it is checked alike). Each names the other."""
+    if not destination:
         return []
     first = {}
+    targets = []
     errors = []
     for index, path in enumerate(paths):
         target = delivery_target(destination, layout, path)
+        targets.append(target)
         if target in first:
             errors.append(PathError(index, path, f"delivered to {target[:200]}, as {paths[first[target]][:200]} "
                                                  "is: two files of one submission may not share a name"))
         else:
             first[target] = index
-    return errors
+    # A target that is a parent directory of another: one set look-up per component.
+    for index, target in enumerate(targets):
+        end = target.find("/", 1)
+        while end > 0:
+            parent = first.get(target[:end])
+            if parent is not None:
+                errors.append(PathError(index, paths[index], f"delivered to {target[:200]}, under "
+                                        f"{targets[parent][:200]} where {paths[parent][:200]} is delivered: a file "
+                                        "of one submission may not be where another needs a directory"))
+                break
+            end = target.find("/", end + 1)
+    return sorted(errors, key=lambda e: e.index)
 
 
 def under_any(path, prefixes):

@@ -9,16 +9,20 @@ which of the seen objects it may act on:
 - **see** (404 otherwise, so that existence does not leak): one's own requests and
   submissions; a service account's, also what it submitted for others (never what the person
   submitted themselves); an operator's, everyone's, by the view permission on restore
-  requests (on bulks for submissions). Staff status alone grants nothing.
+  requests (on bulks for submissions). Staff status alone grants nothing. The Tape REST door
+  shows one's own stage requests only, operators' included (stage_requests).
 - **act** (cancel, release/evict; 403 where seen but not allowed): one's own requests, a
-  service account's also what it submitted for a person; anyone's with the change permission
+  service account's also what it submitted for a person (never the person's own request or
+  pin, even where its submission lists it); anyone's with the change permission
   on restore requests. The list forms (many ids, a whole submission, paths) skip what may not
   be acted on and count what was done. The forms by path act on one's own requests only,
   unless the caller asks for all users and holds the change permission.
 - **WLCG scopes**: `storage.stage:P` allows submit, read, cancel and release under P;
   `storage.poll:P` allows read (and archiveinfo) under P only; any other scope, or none,
-  allows nothing on either door. A credential that allows an action on no path at all is
-  refused whole (InsufficientScope: 403 with `WWW-Authenticate: Bearer error="insufficient_scope"`).
+  allows nothing on either door. A submission (a stage request) is read, and deleted, whole: a
+  token reads it only if its scopes cover every path of it (readable_bulks). A credential
+  that allows an action on no path at all is refused whole (InsufficientScope: 403 with
+  `WWW-Authenticate: Bearer error="insufficient_scope"`).
   A token's wlcg.groups never replace its scopes: they only choose, for that request, the
   groups whose path prefixes the path authorisation plugin (carousel/domain/authz.py) reads.
 - **others' paths, the stager's last error, everyone's usage**: the view permission (restore
@@ -30,12 +34,12 @@ grant is read by duck typing (`stage`, `poll` tuples) so the domain does not imp
 import re
 from dataclasses import dataclass
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from carousel.domain import authz
 from carousel.domain.exceptions import NotAllowed, NotFound
 from carousel.domain.paths import under_any
-from carousel.models import Account, Bulk, RestoreRequest
+from carousel.models import Account, Bulk, BulkItem, Intake, RestoreRequest
 
 SUBMIT, READ, CANCEL, RELEASE = "submit", "read", "cancel", "release"
 ACTIONS = (SUBMIT, READ, CANCEL, RELEASE)
@@ -155,8 +159,8 @@ def poll_refusals(who, paths):
     return out
 
 
-def _scope_q(who, action):
-    """The requests whose path the scopes allow `action` on, as a filter (None: all)."""
+def _scope_q(who, action, field="path"):
+    """The rows whose `field` (a path) the scopes allow `action` on, as a filter (None: all)."""
     grant = _as_identity(who).grant
     if grant is None:
         return None
@@ -165,8 +169,22 @@ def _scope_q(who, action):
         return None
     q = Q(pk__in=[])
     for prefix in prefixes:
-        q |= Q(path=prefix) | Q(path__startswith=prefix + "/")
+        q |= Q(**{field: prefix}) | Q(**{f"{field}__startswith": prefix + "/"})
     return q
+
+
+def _bulk_outside_scope(who, action):
+    """Whether a submission (OuterRef "pk") holds a path the scopes do not allow `action` on, as
+    an expression (None: a credential without scopes, or scoped to "/"). Asked of the database
+    (the submission's index, stopping at the first path outside): the paths, up to 100,000,
+    are never loaded."""
+    scope = _scope_q(who, action)
+    if scope is None:
+        return None
+    created = RestoreRequest.objects.filter(bulk_id=OuterRef("pk")).exclude(scope)
+    again = BulkItem.objects.filter(bulk_id=OuterRef("pk")).exclude(_scope_q(who, action, "request__path"))
+    waiting = Intake.objects.filter(bulk_id=OuterRef("pk")).exclude(scope)
+    return Exists(created) | Exists(again) | Exists(waiting)
 
 
 # --- requests and submissions -------------------------------------------------------------------
@@ -237,6 +255,33 @@ def visible_bulks(who):
     return qs.filter(Q(user=user) | Q(submitter=user)) if acts_for_others(user) else qs.filter(user=user)
 
 
+def readable_bulks(who):
+    """The submissions an identity may read (the native API's list and detail): visible_bulks,
+    and for a WLCG token those whose every path its scopes let it read (a token scoped to
+    /elsewhere does not read alice's /data submission, as the Tape REST poll refuses it)."""
+    who = _as_identity(who)
+    qs = visible_bulks(who)
+    if not scope_allows_any(who, READ):
+        return qs.none()
+    outside = _bulk_outside_scope(who, READ)
+    return qs if outside is None else qs.exclude(outside)
+
+
+def bulk_covered(who, action, bulk):
+    """Whether the credential's scopes allow `action` on every path of the submission: a
+    database probe, not its paths."""
+    outside = _bulk_outside_scope(who, action)
+    return outside is None or not Bulk.objects.filter(pk=bulk.pk).filter(outside).exists()
+
+
+def require_bulk_covered(who, action, bulk):
+    """Refuse (InsufficientScope) unless the token's scopes allow `action` on every path of the
+    submission (reading it whole, deleting a stage request)."""
+    require_scope(who, action)
+    if not bulk_covered(who, action, bulk):
+        raise InsufficientScope(f"the token's scopes do not allow {action} of every path of submission {bulk.pk}")
+
+
 def check_bulk(who, action, bulk):
     """As check_request, for a whole submission (its requests are then filtered one by one with
     actionable_requests: a service account's submission may hold a person's own request)."""
@@ -258,11 +303,26 @@ def own_bulks(who):
     return Bulk.objects.filter(Q(user=user) | Q(submitter=user))
 
 
-def bulk_whole(who, paths):
+def stage_requests(who):
+    """The stage requests the Tape REST door shows an identity and lets it act on: its own
+    submissions, a service account's also those it submitted for a person (own_bulks).
+    Deliberately narrower than visible_bulks: on that door a stage request belongs to the client
+    that posted it (the WLCG document has no listing and no one else's view); an operator sees
+    and acts on others' submissions through the native API and the admin. Then check_bulk
+    decides the action, and the requests acted on are actionable_requests: a service's stage
+    request may hold the person's own request, which it never cancels or releases."""
+    return own_bulks(who)
+
+
+def shows_stage_request(user, owner_id, submitter_id):
+    """stage_requests for a submission known by its owner and submitter (a cached poll)."""
+    return user.pk in (owner_id, submitter_id)
+
+
+def bulk_whole(who, bulk):
     """Whether the identity's cancel covers every path of a submission: then the submission
     itself is marked cancelled (a token scoped to part of it cancels that part only)."""
-    who = _as_identity(who)
-    return who.grant is None or all(scope_allows(who, CANCEL, p) for p in paths)
+    return bulk_covered(who, CANCEL, bulk)
 
 
 def may_act_for_all_users(user):

@@ -184,8 +184,9 @@ def _first_lines(paths):
 
 
 def _check_targets(paths, clean, destination, layout):
-    """Two files of the submission delivered to one file (files delivered by their name) are
-    refused, listed with their lines as the user gave them."""
+    """Two files of the submission delivered to one file (files delivered by their name), or one
+    delivered where another needs a directory (/x/a and /x/a/b), are refused, listed with their
+    lines as the user gave them."""
     collisions = target_collisions(clean, destination=destination, layout=layout)
     if collisions:
         first_index = _first_lines(paths)
@@ -193,8 +194,9 @@ def _check_targets(paths, clean, destination, layout):
                   for e in collisions[:MAX_LISTED_ERRORS]]
         raise InvalidSubmission(
             f"{len(collisions)} files would be delivered to the same place under {destination[:200]} as another "
-            "file of this submission; nothing was stored. Deliver them by their whole path "
-            '(destination_layout "path"), or submit them separately.', errors=listed)
+            "file of this submission, or where another needs a directory; nothing was stored. Deliver files "
+            'that share a name by their whole path (destination_layout "path"), or submit them separately.',
+            errors=listed)
 
 
 def _check_authorised(user, paths, clean):

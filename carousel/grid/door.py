@@ -13,7 +13,6 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import connections, transaction
-from django.db.models import Q
 
 from carousel.infra import db
 from carousel.domain import policy
@@ -95,9 +94,9 @@ def submission_create(*, submitter, on_behalf_of=None, paths, now, group=None, m
 
 # --- stage requests ----------------------------------------------------------------------------
 
-def stage_requests_of(user):
-    """The stage requests a caller may poll and act on: its own, and those it submitted for others."""
-    return Bulk.objects.filter(Q(user=user) | Q(submitter=user))
+def stage_requests_of(who):
+    """The stage requests a caller may poll and act on (policy.stage_requests)."""
+    return policy.stage_requests(who)
 
 
 def unfinished_stage_requests(user, limit):
@@ -157,7 +156,7 @@ def stage_status_json(*, user, request_id):
         if ttl > 0:
             cache.set(_status_key(request_id), kept, timeout=ttl)
     owner, submitter, body = kept
-    return body if user.pk in (owner, submitter) else None
+    return body if policy.shows_stage_request(user, owner, submitter) else None
 
 
 def _forget_status(bulk_id):
@@ -250,34 +249,43 @@ def _members(bulk, paths):
     return RestoreRequest.objects.filter(id__in=list(found.values())), list(wanted.values())
 
 
-def stage_cancel(*, bulk, paths, now):
-    """POST stage/{id}/cancel: all the paths must be in the request, or nothing changes. Files
+def stage_cancel(*, who, bulk, paths, now):
+    """POST stage/{id}/cancel: all the paths must be in the request, or nothing changes. Of
+    those, the caller cancels what it may (policy.actionable_requests: its token's scopes; a
+    service never the person's own request its stage request holds); the rest is skipped. Files
     already finished stay as they are. Returns the (job, path) pairs to withdraw."""
     requests, _ = _members(bulk, paths)
+    requests = requests.filter(pk__in=policy.actionable_requests(who, policy.CANCEL).values("pk"))
     _forget_status(bulk.pk)
     # Files another of the user's stage requests still asks for stay (services.wanted_elsewhere).
     return services.request_cancel(queryset=requests.exclude(services.wanted_elsewhere(bulk)), now=now)[1]
 
 
 @transaction.atomic
-def stage_delete(*, bulk, now):
-    """DELETE stage/{id}: its unfinished files are cancelled and the request is forgotten."""
-    _, withdraw = services.bulk_cancel(bulk=bulk, now=now, reason="stage request deleted")
+def stage_delete(*, who, bulk, now):
+    """DELETE stage/{id}: its unfinished files the caller may cancel (policy.actionable_requests:
+    a service never the person's own request its stage request holds) are cancelled, and the
+    request is forgotten."""
+    _, withdraw = services.bulk_cancel(bulk=bulk, now=now, reason="stage request deleted",
+                                       allowed=policy.actionable_requests(who, policy.CANCEL))
     Bulk.objects.filter(pk=bulk.pk).delete()
     _forget_status(bulk.pk)
     return withdraw
 
 
-def stage_release(*, user, bulk, paths, now):
-    """POST release/{id}: the pins of these paths end (release/gfal2-placeholder-id: bulk None,
-    by path for the caller)."""
+def stage_release(*, who, bulk, paths, now):
+    """POST release/{id}: the pins of these paths that this stage request holds end, of those
+    the caller may release (policy.actionable_requests: its token's scopes; a service never the
+    person's own pin, whatever submission made it). release/gfal2-placeholder-id (bulk None):
+    by path, the caller's own pins (policy.own_requests), what it may not release skipped."""
     from carousel.domain import pins  # carousel/domain/pins.py: the real pins (helper c)
 
     if bulk is None:
-        return pins.release_pins(requests=policy.own_requests(user, policy.RELEASE),
+        return pins.release_pins(requests=policy.own_requests(who, policy.RELEASE),
                                  paths=[p for _, p in normalised(paths)], now=now)
     _, clean = _members(bulk, paths)
-    return pins.release_pins(user=bulk.user, paths=clean, now=now)
+    held = policy.actionable_requests(who, policy.RELEASE).filter(selectors.in_bulk(bulk))
+    return pins.release_pins(requests=held, paths=clean, now=now)
 
 
 # --- archiveinfo ---------------------------------------------------------------------------------

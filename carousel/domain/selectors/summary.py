@@ -16,17 +16,29 @@ def state_counts(queryset):
     return counts
 
 
-def queue_summary(*, user):
+def queue_summary(*, user, requests=None):
     """What a user's queue looks like now: counts per state, bytes, the oldest active request.
     Reads the trigger-kept UserStateCount rows and one index probe per active state
-    (request_user_state_age): its cost does not grow with the user's queue."""
+    (request_user_state_age): its cost does not grow with the user's queue. `requests`: only
+    these of the user's (a WLCG token's, those its scopes let it read: policy.visible_requests),
+    counted from the requests themselves."""
     counts = dict.fromkeys(RequestState.values, 0)
     nbytes = dict.fromkeys(RequestState.values, 0)
-    for state, files, b in UserStateCount.objects.filter(user=user).values_list("state", "files", "bytes"):
-        counts[state], nbytes[state] = files, b
+    if requests is None:
+        rows = UserStateCount.objects.filter(user=user).values_list("state", "files", "bytes")
+    else:
+        rows = requests.order_by().values_list("state").annotate(n=Count("id"), b=Sum("size")).values_list(
+            "state", "n", "b")
+    for state, files, b in rows:
+        counts[state], nbytes[state] = files, b or 0
+    if requests is None:
+        oldest = oldest_active(user)
+    else:
+        oldest = requests.filter(state__in=ACTIVE_STATES).order_by("created_at").values_list(
+            "created_at", flat=True).first()
     return {"states": counts, "active": sum(counts[s] for s in ACTIVE_STATES),
             "bytes_done": nbytes[S.DONE], "bytes_active_known": sum(nbytes[s] for s in ACTIVE_STATES),
-            "oldest_active_at": oldest_active(user)}
+            "oldest_active_at": oldest}
 
 
 def active_count(user):
