@@ -77,7 +77,7 @@ def test_a_physicist_restores_files_watches_them_staged_and_cancels_one(open_pag
     nav(page, "Restore")
     page.get_by_label("Paths, one per line").fill("/star/raw/f1.daq\n/star/raw/f2.daq\n\n/star/raw/f3.daq\n"
                                                   "/star/raw/unwanted.daq\n")
-    page.get_by_label("Destination (optional)").fill("")
+    page.get_by_label("Destination directory (optional)").fill("")
     page.get_by_label("E-mail me when the whole submission is finished").check()
     shot(page, "restore-form")
     page.get_by_role("button", name="Submit").focus()
