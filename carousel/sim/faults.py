@@ -1,8 +1,8 @@
 """Bad weeks, simulated: the whole broker under faults, driven by a seed (issue 24).
 
 run_seed(seed) builds a short schedule from random.Random(seed) alone: a small generated
-library and workload (a few users in two or three groups; small submissions, sometimes one big
-enough to go through the intake), users cancelling, resubmitting, releasing and asking for
+library and workload (a few users in two or three groups; small submissions of datasets, those
+of more than INTAKE_ABOVE new files through the intake), users cancelling, resubmitting, releasing and asking for
 files another user has, pins running out, retention, operators pausing and changing caps,
 weights and drives, and faults: stage requests the library loses, drives failing files,
 locates answering "try later", the stager down or answering garbage or timing out, a mail
@@ -82,7 +82,10 @@ class Crash(BaseException):
     """The process dies here: nothing after it runs, its open transaction is rolled back."""
 
 
-class Violation(Exception):
+class Violation(BaseException):
+    """An invariant broken. A BaseException, like Crash: one found inside a stager call must
+    not be taken by the loop for a stager's error and swallowed."""
+
     def __init__(self, seed, step, invariant, detail):
         super().__init__(f"seed {seed} step {step}: {invariant}: {detail}")
         self.seed, self.step, self.invariant, self.detail = seed, step, invariant, detail
