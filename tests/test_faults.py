@@ -8,7 +8,7 @@ from django.db.models import F
 from carousel.domain import intake, pins, services
 from carousel.loop import cycle, progress
 from carousel.models import RequestState, RestoreRequest, StagerCall, UserStateCount
-from carousel.sim.faults import run_seed
+from carousel.sim.faults import Simulation, run_seed
 
 # Seeds that ran clean on the final code (benchmarks/faults.py runs thousands).
 CLEAN_SEEDS = (1, 2, 3)
@@ -106,3 +106,21 @@ def test_a_planted_defect_is_reported(transactional_db, monkeypatch, plant, seed
     assert result.violation is not None, f"{plant.__name__}: seed {seed} ran clean"
     assert result.violation.invariant == invariant, str(result.violation)
     assert result.violation.seed == seed and 0 < result.violation.step <= result.steps
+
+
+def test_a_job_whose_answer_was_lost_withdraws_what_was_cancelled_meanwhile(transactional_db):
+    """Found by the simulator: the loop dies in submit() after the stager took the job (or the
+    call times out then); before it is back, the user cancels. The cancel can record no
+    withdrawal (the job has no stager id yet), and the loop, back, dropped the job as empty: the
+    stager read the files for nobody. Now the job is sent again to learn its id and the files
+    are withdrawn."""
+    simulation = Simulation(0)
+    schedule = simulation.schedule
+    paths = schedule.tapes[sorted(schedule.tapes)[0]][:4]
+    schedule.windows = {}
+    schedule.horizon = 7200.0
+    schedule.events = [(100.0, "crash", ("send_jobs", "submit", 10)), (101.0, "submit", ("alice", paths, {})),
+                       (115.0, "cancel_bulk", ("alice", 0.0)), (7200.0, "faults_end", ())]
+    result = simulation.run()
+    assert result.violation is None, str(result.violation)
+    assert simulation.library.reads == []  # withdrawn before the drive reached them

@@ -3,7 +3,7 @@ from what is planned or in flight; short mounts first and preemption of a long o
 each job once the one before it on its chain is finished."""
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.db import transaction
@@ -18,11 +18,11 @@ from carousel.loop.failures import Failure, fail_requests
 from carousel.loop.locating import any_unlocated
 from carousel.models import (
     FINISHED_JOB_STATES, IN_FLIGHT_STATES, READY, Control, ErrorClass, Job, JobState, RequestState as S,
-    RestoreRequest, StagerHealth, Tape,
+    RestoreRequest, StagerCall, StagerHealth, Tape,
 )
 from carousel.loop.progress import files_in_flight, job_spec
 from carousel.domain.selectors import drive_allocation, drives_in_use
-from carousel.domain.services import request_transition
+from carousel.domain.services import request_transition, stager_call_record
 from carousel.stagers.base import StagerUnavailable
 from carousel.tape import MEDIA, mount_profile
 
@@ -314,17 +314,24 @@ def send_jobs(*, now, stager):
     in_use = drives_in_use() if limits else {}
     for job_id, job in pending.items():
         spec = job_spec(job, files[job_id])
-        if not spec.paths:
+        # A job tried before without an answer (sent_at: the process died, or the call timed out,
+        # after the stager may have taken it) may hold files at the stager that nobody wants any
+        # more (cancelled or expired meanwhile): their withdrawal could not be recorded without
+        # the stager's id. It is sent again (the same id: the same job) to learn the id, and they
+        # are withdrawn.
+        dropped = _dropped(job, spec) if job.sent_at else []
+        if not spec.paths and not dropped:
             Job.objects.filter(id=job.id).update(state=JobState.CANCELLED, finished_at=now)
             continue
         most = limits.get(job.group_id, (0, None))[1]
         chains = in_use.setdefault(job.group_id, set())
-        if most is not None and job.chain and job.chain not in chains and len(chains) >= most:
+        if spec.paths and most is not None and job.chain and job.chain not in chains and len(chains) >= most:
             # The group holds its most drives: the mount waits for one of them to end (the plan
             # tries to avoid this; estimates are estimates).
             continue
+        Job.objects.filter(id=job.id, state=JobState.PENDING).update(sent_at=now)  # tried, from now on
         try:
-            backend_id = stager.submit(spec)
+            backend_id = stager.submit(spec if spec.paths else replace(spec, paths=dropped))
         except StagerUnavailable as exc:  # the job stays pending for a later cycle
             log.warning("submitting %s failed: %s", job.id, exc)
             return str(exc) or type(exc).__name__
@@ -332,11 +339,24 @@ def send_jobs(*, now, stager):
             log.exception("the stager refused job %s", job.id)
             _refused(job, exc, now=now)
             continue
-        Job.objects.filter(id=job.id, state=JobState.PENDING).update(
-            state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now)
-        if job.chain:
+        if spec.paths:
+            Job.objects.filter(id=job.id, state=JobState.PENDING).update(
+                state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now)
+        else:
+            Job.objects.filter(id=job.id, state=JobState.PENDING).update(
+                state=JobState.CANCELLED, backend_id=backend_id, finished_at=now)
+        if dropped:
+            stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=[(job.id, p) for p in dropped], now=now)
+        if job.chain and spec.paths:
             chains.add(job.chain)
     return ""
+
+
+def _dropped(job, spec):
+    """The files of `job` whose requests left it before it was acknowledged (none of its
+    requests for them is in flight any more), in no particular order."""
+    return sorted(set(RestoreRequest.objects.filter(job=job).exclude(state__in=IN_FLIGHT_STATES)
+                      .values_list("path", flat=True)) - set(spec.paths))
 
 
 def preempt(*, now, stager, control):

@@ -203,8 +203,12 @@ def schedule(seed):
     for _ in range(rng.randint(2, 4)):
         events.append((at(), rng.choice(later), (rng.choice(names), rng.random())))
     for _ in range(rng.choice([0, 1, 1, 2, 3])):
-        events.append((rng.uniform(0, faults_end), "crash", (rng.choice(CYCLE_STEPS),
-                                                             rng.choice(["before", "after", "stager"]))))
+        # Before or after a step of the cycle, or inside a stager call; restarted after a while.
+        where = rng.choice(["before", "after", "stager"])
+        if where == "stager":
+            where = rng.choice(["submit", "poll", "locate", "status"])
+        events.append((rng.uniform(0, faults_end), "crash", (rng.choice(CYCLE_STEPS), where,
+                                                             rng.choice([10, 60, 300, 900]))))
     for _ in range(rng.choice([0, 0, 1])):
         events.append((rng.uniform(0, faults_end), "crash_worker", ()))
     events.append((faults_end, "faults_end", ()))
@@ -246,9 +250,12 @@ class FaultyStager(SimulatedStager):
 
     def submit(self, job):
         sim = self.sim
+        again = job.id in sim.tried  # the same job again (its answer was lost): not a new send
+        sim.tried.add(job.id)
         if sim.active("down"):
             raise StagerUnavailable("submit: connection refused (simulated outage)")
-        sim.check_sent(job)
+        if not again:
+            sim.check_sent(job)
         if sim.active("lossy") and sim.rng.random() < 0.3:
             sim.lost[job.id] = sim.rng.choice(["unknown", "stuck"])
         else:
@@ -345,10 +352,13 @@ class Simulation:
         self.stager = FaultyStager(self)
         self.faults_on = True
         self.crash_in = None  # a stager call that dies this cycle
+        self.restart_at = 0.0  # a crashed loop runs again from then
+        self.restart_s = 10.0  # how long a crashed loop takes to come back
         self.crash_step = None  # (step name, "before" or "after") for the next cycle
         self.worker_crash = False
         self.outbox = []  # tasks sent on commit, for the simulated worker
         self.lost, self.failing, self.withdrawn = {}, set(), set()
+        self.tried = set()  # job ids submit() was called with
         self.sent_for = {}  # (job id, path) -> request ids sent in it
         self.read_by = {}  # request id -> (job id, path) of its last read
         self.reads_seen = 0
@@ -440,12 +450,15 @@ class Simulation:
             if events and events[0][0] <= next_cycle:
                 self.t, kind, args = events.pop(0)
                 self._event(kind, args)
-                # Something changed: the loop runs at its next tick.
-                next_cycle = min(next_cycle, math.ceil(self.t / period) * period)
+                # Something changed: the loop runs at its next tick (once restarted, after a crash).
+                next_cycle = max(min(next_cycle, math.ceil(self.t / period) * period), self.restart_at)
             else:
                 self.t = next_cycle
                 report = self._cycle()
                 next_cycle = self._next_cycle(report, period, events)
+                if report is None:  # the process died: it is restarted a while later
+                    self.restart_at = self.t + max(period, self.restart_s)
+                    next_cycle = max(next_cycle or self.restart_at, self.restart_at)
                 if not events:
                     if not drain_cycles:
                         self._morning_after()
@@ -468,11 +481,11 @@ class Simulation:
             self._morning_after()
             return
         if kind == "crash":
-            step, where = args
-            if where == "stager":
-                self.crash_in = self.rng.choice(["submit", "poll", "locate", "status"])
-            else:
+            step, where, self.restart_s = args
+            if where in ("before", "after"):
                 self.crash_step = (step, where)
+            else:
+                self.crash_in = where
             return
         if kind == "crash_worker":
             self.worker_crash = True
@@ -741,6 +754,11 @@ class Simulation:
         if not waiting:
             return
         jobs = {job for job, _ in waiting}
+        # A job still pending (its acknowledgement lost) is the loop's to send again and settle.
+        jobs -= {str(j) for j in Job.objects.filter(id__in=jobs, state=JobState.PENDING).values_list("id", flat=True)}
+        waiting = [(job, path) for job, path in waiting if job in jobs]
+        if not waiting:
+            return
         wanted = set(RestoreRequest.objects.filter(job_id__in=jobs, state__in=IN_FLIGHT_STATES)
                      .values_list("job_id", "path"))
         wanted = {(str(j), p) for j, p in wanted}
