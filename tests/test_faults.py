@@ -1,6 +1,5 @@
 """The fault simulator (carousel/sim/faults.py): a fixed set of seeds runs clean, and each
 invariant, given a broker with its defect planted, is reported with its seed and step."""
-from datetime import timedelta
 
 import pytest
 from django.db.models import F
@@ -92,8 +91,8 @@ PLANTED = [
     (stage_again, 0, "no file is read twice for one request (except after a failure or a lost job)"),
     (cancel_without_withdrawal, 1802, "no cancelled or released request is left at the stager"),
     (end_pins_early, 0, "no live pin is released"),
-    (send_nothing, 0, "while work waits, the stager answers and a drive is free, something is sent within two "
-                      "cycles"),
+    (send_nothing, 0, ("while work waits, the stager answers and a drive is free, something is sent within two "
+                       "cycles")),
     (counters_drift, 0, "the counters equal a recount"),
     (cancel_everyones, 6855, "one user's action changed another user's request"),
 ]
@@ -116,7 +115,7 @@ def test_a_job_whose_answer_was_lost_withdraws_what_was_cancelled_meanwhile(tran
     are withdrawn."""
     simulation = Simulation(0)
     schedule = simulation.schedule
-    paths = schedule.tapes[sorted(schedule.tapes)[0]][:4]
+    paths = schedule.tapes[min(schedule.tapes)][:4]
     schedule.windows = {}
     schedule.horizon = 7200.0
     schedule.events = [(100.0, "crash", ("send_jobs", "submit", 10)), (101.0, "submit", ("alice", paths, {})),

@@ -33,7 +33,7 @@ stops at the first violation, with the seed and the step:
 import math
 import random
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 from unittest import mock
@@ -41,8 +41,7 @@ from unittest import mock
 from django.core.cache import cache
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection, transaction
-from django.db.models import Count, F, Max, Min, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Max, Min, Q
 from django.test.utils import override_settings
 
 from carousel.domain import intake, pins, services
@@ -51,13 +50,13 @@ from carousel.loop import cycle as cycle_module
 from carousel.loop.delivery import Delivery, DeliveryError, deliver_requests
 from carousel.loop.withdrawals import send_stager_calls
 from carousel.models import (
-    ACTIVE_STATES, IN_FLIGHT_STATES, READY, TERMINAL_STATES, Account, Bulk, Control, GroupShare, Intake, Job,
-    JobState, RequestState as S, RestoreRequest, StagerCall, StagerHealth, Tape, TapeBacklog, UserBacklog,
-    UserStateCount, path_key,
+    ACTIVE_STATES, IN_FLIGHT_STATES, READY, Account, Bulk, Control, GroupShare, Intake, Job, JobState,
+    RequestState as S, RestoreRequest, StagerCall, StagerHealth, Tape, TapeBacklog, UserBacklog, UserStateCount,
+    path_key,
 )
 from carousel.ops.retention import prune
 from carousel.sim import replay
-from carousel.sim.library import DONE, FAILED as LIB_FAILED, QUEUED as LIB_QUEUED, STAGING as LIB_STAGING, File, Library
+from carousel.sim.library import QUEUED as LIB_QUEUED, STAGING as LIB_STAGING, File, Library
 from carousel.stagers.base import FileStatus, LocateError, StagerUnavailable
 from carousel.stagers.simulated import SimulatedStager
 
@@ -180,7 +179,6 @@ def schedule(seed):
         start = rng.uniform(0, faults_end)
         windows[fault] = [(start, min(faults_end, start + rng.choice([120, 600, 1800, 3600, 4 * 3600])))]
     names = sorted(users)
-    paths = sorted(p for p in files if not p.startswith("/bulk/"))
     events = []
 
     def at():
