@@ -123,3 +123,20 @@ def test_a_job_whose_answer_was_lost_withdraws_what_was_cancelled_meanwhile(tran
     result = simulation.run()
     assert result.violation is None, str(result.violation)
     assert simulation.library.reads == []  # withdrawn before the drive reached them
+
+
+def test_a_cancel_committed_while_a_job_is_being_sent_is_withdrawn(transactional_db):
+    """Found by the simulator: a user's cancel commits while the loop is inside submit() for
+    the job holding the file. The cancel found the job without a stager id and recorded no
+    withdrawal; the stager read the file for nobody. Now the loop, once the stager has
+    answered, withdraws what was cancelled meanwhile."""
+    simulation = Simulation(0)
+    schedule = simulation.schedule
+    paths = schedule.tapes[min(schedule.tapes)][:4]
+    schedule.windows = {}
+    schedule.horizon = 7200.0
+    schedule.events = [(100.0, "race_cancel", ()), (101.0, "submit", ("alice", paths, {})),
+                       (7200.0, "faults_end", ())]
+    result = simulation.run()
+    assert result.violation is None, str(result.violation)
+    assert sorted(path for _, _, path, _ in simulation.library.reads) == paths[1:]

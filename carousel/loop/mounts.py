@@ -345,8 +345,13 @@ def send_jobs(*, now, stager):
         else:
             Job.objects.filter(id=job.id, state=JobState.PENDING).update(
                 state=JobState.CANCELLED, backend_id=backend_id, finished_at=now)
-        if dropped:
-            stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=[(job.id, p) for p in dropped], now=now)
+        # Withdrawn: the files dropped before this call, and those whose requests were cancelled
+        # while it was under way (the cancel found the job without a stager id: it could record
+        # no withdrawal itself). A cancel after this read finds the id and records its own.
+        still = set(RestoreRequest.objects.filter(job=job, state__in=IN_FLIGHT_STATES).values_list("path", flat=True))
+        unwanted = [p for p in [*spec.paths, *dropped] if p not in still]
+        if unwanted:
+            stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=[(job.id, p) for p in unwanted], now=now)
         if job.chain and spec.paths:
             chains.add(job.chain)
     return ""

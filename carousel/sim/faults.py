@@ -209,6 +209,8 @@ def schedule(seed):
                                                              rng.choice([10, 60, 300, 900]))))
     for _ in range(rng.choice([0, 0, 1])):
         events.append((rng.uniform(0, faults_end), "crash_worker", ()))
+    for _ in range(rng.choice([0, 0, 1])):
+        events.append((rng.uniform(0, faults_end), "race_cancel", ()))
     events.append((faults_end, "faults_end", ()))
     events.sort(key=lambda e: e[0])
     return Schedule(seed=seed, drives=rng.randint(1, 4), files=files, tapes=tapes, groups=groups, users=users,
@@ -254,6 +256,11 @@ class FaultyStager(SimulatedStager):
             raise StagerUnavailable("submit: connection refused (simulated outage)")
         if not again:
             sim.check_sent(job)
+        if sim.race_cancel:
+            # A user's cancel commits while the loop is inside submit() (another process).
+            sim.race_cancel = False
+            services.request_cancel(queryset=RestoreRequest.objects.filter(job_id=job.id, path__in=job.paths[:1]),
+                                    now=sim.now())
         if sim.active("lossy") and sim.rng.random() < 0.3:
             sim.lost[job.id] = sim.rng.choice(["unknown", "stuck"])
         else:
@@ -357,6 +364,7 @@ class Simulation:
         self.outbox = []  # tasks sent on commit, for the simulated worker
         self.lost, self.failing, self.withdrawn = {}, set(), set()
         self.tried = set()  # job ids submit() was called with
+        self.race_cancel = False  # a cancel to commit during the next submit()
         self.sent_for = {}  # (job id, path) -> request ids sent in it
         self.read_by = {}  # request id -> (job id, path) of its last read
         self.reads_seen = 0
@@ -475,7 +483,7 @@ class Simulation:
         if kind == "faults_end":
             self.faults_on = False
             self.crash_step = self.crash_in = None
-            self.worker_crash = False
+            self.worker_crash = self.race_cancel = False
             self._morning_after()
             return
         if kind == "crash":
@@ -487,6 +495,9 @@ class Simulation:
             return
         if kind == "crash_worker":
             self.worker_crash = True
+            return
+        if kind == "race_cancel":
+            self.race_cancel = True
             return
         if kind == "retention":
             older = timedelta(days=self.rng.choice([0, 0, 0.25, 1]))
