@@ -3,7 +3,7 @@ from what is planned or in flight; short mounts first and preemption of a long o
 each job once the one before it on its chain is finished."""
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.db import transaction
@@ -314,17 +314,24 @@ def send_jobs(*, now, stager):
     in_use = drives_in_use() if limits else {}
     for job_id, job in pending.items():
         spec = job_spec(job, files[job_id])
-        if not spec.paths:
+        # A job tried before without an answer (sent_at: the process died, or the call timed out,
+        # after the stager may have taken it) may hold files at the stager that nobody wants any
+        # more (cancelled or expired meanwhile): their withdrawal could not be recorded without
+        # the stager's id. It is sent again (the same id: the same job) to learn the id, and they
+        # are withdrawn.
+        dropped = _dropped(job, spec) if job.sent_at else []
+        if not spec.paths and not dropped:
             Job.objects.filter(id=job.id).update(state=JobState.CANCELLED, finished_at=now)
             continue
         most = limits.get(job.group_id, (0, None))[1]
         chains = in_use.setdefault(job.group_id, set())
-        if most is not None and job.chain and job.chain not in chains and len(chains) >= most:
+        if spec.paths and most is not None and job.chain and job.chain not in chains and len(chains) >= most:
             # The group holds its most drives: the mount waits for one of them to end (the plan
             # tries to avoid this; estimates are estimates).
             continue
+        Job.objects.filter(id=job.id, state=JobState.PENDING).update(sent_at=now)  # tried, from now on
         try:
-            backend_id = stager.submit(spec)
+            backend_id = stager.submit(spec if spec.paths else replace(spec, paths=dropped))
         except StagerUnavailable as exc:  # the job stays pending for a later cycle
             log.warning("submitting %s failed: %s", job.id, exc)
             return str(exc) or type(exc).__name__
@@ -332,30 +339,45 @@ def send_jobs(*, now, stager):
             log.exception("the stager refused job %s", job.id)
             _refused(job, exc, now=now)
             continue
-        _acknowledge(job, spec, backend_id, now=now)
-        if job.chain:
+        _acknowledge(job, spec, dropped, backend_id, now=now)
+        if job.chain and spec.paths:
             chains.add(job.chain)
     return ""
 
 
-def _acknowledge(job, spec, backend_id, *, now):
-    """Record that the stager took `job`, then withdraw the files of `spec` that no request in
-    the job wants any more: a cancel that read the job before its backend id was recorded
-    recorded nothing to withdraw (stager_call_record skips such jobs). A cancel holds its
-    requests from before it reads the job until it commits, so locking them after the id is
-    committed sees every cancel that missed it (one that saw it withdraws the file itself;
-    withdrawing twice is harmless). Two transactions: the job's update fires the usage
-    counters' triggers, whose rows a cancel also takes, so none is held while waiting here."""
-    if not Job.objects.filter(id=job.id, state=JobState.PENDING).update(
-            state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now):
+def _acknowledge(job, spec, dropped, backend_id, *, now):
+    """Record that the stager took `job` (sent; or cancelled, when only files nobody wants were
+    sent again to learn its id), then withdraw what the call sent that no request in the job
+    wants any more: the files dropped before it, and those a cancel took while it was under way
+    (a cancel that read the job before its backend id was recorded recorded nothing to
+    withdraw: stager_call_record skips such jobs). A cancel holds its requests from before it
+    reads the job until it commits, so locking them after the id is committed sees every cancel
+    that missed it (one that saw it withdraws the file itself; withdrawing twice is harmless).
+    Two transactions: the job's update fires the usage counters' triggers, so none is held
+    while waiting on the requests' locks."""
+    if spec.paths:
+        acknowledged = Job.objects.filter(id=job.id, state=JobState.PENDING).update(
+            state=JobState.SENT, backend_id=backend_id, sent_at=now, progress_at=now)
+    else:
+        acknowledged = Job.objects.filter(id=job.id, state=JobState.PENDING).update(
+            state=JobState.CANCELLED, backend_id=backend_id, finished_at=now)
+    if not acknowledged:
         # Given up or cancelled meanwhile: still the stager's, so its files are withdrawn.
         Job.objects.filter(id=job.id, backend_id="").update(backend_id=backend_id)
     with transaction.atomic():
         # In id order, as request_cancel locks: two lockers of the same rows wait, never deadlock.
         wanted = set(RestoreRequest.objects.filter(job_id=job.id, state__in=IN_FLIGHT_STATES).order_by("id")
                      .select_for_update(no_key=True).values_list("path", flat=True))
-        stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=[(job.id, p) for p in spec.paths if p not in wanted],
-                           now=now)
+        unwanted = [p for p in [*spec.paths, *dropped] if p not in wanted]
+        if unwanted:
+            stager_call_record(kind=StagerCall.Kind.CANCEL, pairs=[(job.id, p) for p in unwanted], now=now)
+
+
+def _dropped(job, spec):
+    """The files of `job` whose requests left it before it was acknowledged (none of its
+    requests for them is in flight any more), in no particular order."""
+    return sorted(set(RestoreRequest.objects.filter(job=job).exclude(state__in=IN_FLIGHT_STATES)
+                      .values_list("path", flat=True)) - set(spec.paths))
 
 
 def preempt(*, now, stager, control):

@@ -1,0 +1,142 @@
+"""The fault simulator (carousel/sim/faults.py): a fixed set of seeds runs clean, and each
+invariant, given a broker with its defect planted, is reported with its seed and step."""
+
+import pytest
+from django.db.models import F
+
+from carousel.domain import intake, pins, services
+from carousel.loop import cycle, progress
+from carousel.models import RequestState, RestoreRequest, StagerCall, UserStateCount
+from carousel.sim.faults import Simulation, run_seed
+
+# Seeds that ran clean on the final code (benchmarks/faults.py runs thousands).
+CLEAN_SEEDS = (1, 2, 3)
+
+
+@pytest.mark.parametrize("seed", CLEAN_SEEDS)
+def test_a_seed_runs_without_violation(transactional_db, seed):
+    result = run_seed(seed)
+    assert result.violation is None, str(result.violation)
+    assert result.steps > 0
+
+
+def drop_a_new_file(mp):
+    """A submission forgets one of its new files."""
+    queue_new = intake.queue_new
+    mp.setattr(intake, "queue_new", lambda bulk, pairs, shared, now: queue_new(bulk, pairs[:-1], shared, now))
+
+
+def never_retry(mp):
+    """Requests that failed transiently wait for their retry for ever."""
+    mp.setattr(cycle, "requeue_due_retries", lambda *, now: 0)
+
+
+def stage_again(mp):
+    """Files the stager reports staged go back to the queue instead of being done."""
+    def staged(in_job, statuses, *, now):
+        return services.request_transition(in_job.filter(path__in=[st.path for st in statuses]),
+                                           RequestState.QUEUED, now=now)
+
+    mp.setattr(progress, "_staged", staged)
+
+
+def cancel_without_withdrawal(mp):
+    """A cancel records no withdrawal: the stager reads the file for nobody."""
+    record = services.stager_call_record
+
+    def no_cancels(*, kind, pairs, now):
+        if kind != StagerCall.Kind.CANCEL:
+            record(kind=kind, pairs=pairs, now=now)
+
+    mp.setattr(services, "stager_call_record", no_cancels)
+
+
+def end_pins_early(mp):
+    """The loop ends every pin at once, not when it runs out."""
+    mp.setattr(cycle, "end_expired_pins", lambda *, now: pins._end_pins(
+        RestoreRequest.objects.filter(pin_until__isnull=False), now=now))
+
+
+def send_nothing(mp):
+    """The scheduler chooses nothing, whatever waits."""
+    mp.setattr(cycle, "claim_jobs", lambda **kwargs: [])
+
+
+def counters_drift(mp):
+    """A step that moves a counter without moving a request."""
+    expire = cycle.expire_requests
+
+    def expire_and_drift(*, now):
+        UserStateCount.objects.filter(state=RequestState.DONE).update(files=F("files") + 1)
+        return expire(now=now)
+
+    mp.setattr(cycle, "expire_requests", expire_and_drift)
+
+
+def cancel_everyones(mp):
+    """A user's cancel also cancels other users' requests for the same files."""
+    cancel = services.request_cancel
+
+    def everyones(*, queryset, now, **kwargs):
+        return cancel(queryset=RestoreRequest.objects.filter(path_key__in=list(queryset.values_list(
+            "path_key", flat=True))), now=now, **kwargs)
+
+    mp.setattr(services, "request_cancel", everyones)
+
+
+# (defect, a seed that meets it, the invariant reported)
+PLANTED = [
+    (drop_a_new_file, 0, "every submitted request is in exactly one state (none forgotten)"),
+    (never_retry, 42, "every request reaches a final state once the faults stop"),
+    (stage_again, 0, "no file is read twice for one request (except after a failure or a lost job)"),
+    (cancel_without_withdrawal, 1802, "no cancelled or released request is left at the stager"),
+    (end_pins_early, 0, "no live pin is released"),
+    (send_nothing, 0, ("while work waits, the stager answers and a drive is free, something is sent within two "
+                       "cycles")),
+    (counters_drift, 0, "the counters equal a recount"),
+    (cancel_everyones, 6855, "one user's action changed another user's request"),
+]
+
+
+@pytest.mark.parametrize("plant, seed, invariant", PLANTED, ids=[p[0].__name__ for p in PLANTED])
+def test_a_planted_defect_is_reported(transactional_db, monkeypatch, plant, seed, invariant):
+    plant(monkeypatch)
+    result = run_seed(seed)
+    assert result.violation is not None, f"{plant.__name__}: seed {seed} ran clean"
+    assert result.violation.invariant == invariant, str(result.violation)
+    assert result.violation.seed == seed and 0 < result.violation.step <= result.steps
+
+
+def test_a_job_whose_answer_was_lost_withdraws_what_was_cancelled_meanwhile(transactional_db):
+    """Found by the simulator: the loop dies in submit() after the stager took the job (or the
+    call times out then); before it is back, the user cancels. The cancel can record no
+    withdrawal (the job has no stager id yet), and the loop, back, dropped the job as empty: the
+    stager read the files for nobody. Now the job is sent again to learn its id and the files
+    are withdrawn."""
+    simulation = Simulation(0)
+    schedule = simulation.schedule
+    paths = schedule.tapes[min(schedule.tapes)][:4]
+    schedule.windows = {}
+    schedule.horizon = 7200.0
+    schedule.events = [(100.0, "crash", ("send_jobs", "submit", 10)), (101.0, "submit", ("alice", paths, {})),
+                       (115.0, "cancel_bulk", ("alice", 0.0)), (7200.0, "faults_end", ())]
+    result = simulation.run()
+    assert result.violation is None, str(result.violation)
+    assert simulation.library.reads == []  # withdrawn before the drive reached them
+
+
+def test_a_cancel_committed_while_a_job_is_being_sent_is_withdrawn(transactional_db):
+    """Found by the simulator: a user's cancel commits while the loop is inside submit() for
+    the job holding the file. The cancel found the job without a stager id and recorded no
+    withdrawal; the stager read the file for nobody. Now the loop, once the stager has
+    answered, withdraws what was cancelled meanwhile."""
+    simulation = Simulation(0)
+    schedule = simulation.schedule
+    paths = schedule.tapes[min(schedule.tapes)][:4]
+    schedule.windows = {}
+    schedule.horizon = 7200.0
+    schedule.events = [(100.0, "race_cancel", ()), (101.0, "submit", ("alice", paths, {})),
+                       (7200.0, "faults_end", ())]
+    result = simulation.run()
+    assert result.violation is None, str(result.violation)
+    assert sorted(path for _, _, path, _ in simulation.library.reads) == paths[1:]
