@@ -45,6 +45,7 @@ from django.db.models import Count, Max, Min, Q
 from django.test.utils import override_settings
 
 from carousel.domain import intake, pins, services
+from carousel.domain.paths import delivery_target
 from carousel.infra import queue
 from carousel.loop import cycle as cycle_module
 from carousel.loop.delivery import Delivery, DeliveryError, deliver_requests
@@ -318,16 +319,15 @@ class FaultyDelivery(Delivery):
     def filesystem(self, destination):
         return "/" + destination.strip("/").split("/", 1)[0]
 
-    def deliver(self, source, destination):
+    def deliver(self, source, target, *, root):
         sim = _current
-        sim.check_delivered(source, destination)
+        waiting = sim.check_delivered(source, target)
         if sim.crash_in == "deliver":
             sim.crash_in = None
             raise Crash("the worker died delivering")
         if sim.active("delivery_fails") and sim.rng.random() < 0.5:
             # A failure: the file may be staged again (a second read is then no defect).
-            sim.failing.update((str(job), path) for job, path in RestoreRequest.objects.filter(
-                staged_path=source, destination=destination, state=S.DELIVERING).values_list("job_id", "path"))
+            sim.failing.update((str(job), path) for job, path in waiting)
             raise DeliveryError("the destination file system did not answer (simulated)")
 
 
@@ -722,11 +722,16 @@ class Simulation:
             if state in IN_FLIGHT_STATES:
                 self.sent_for.setdefault((job.id, path), set()).add(rid)
 
-    def check_delivered(self, source, destination):
-        if not RestoreRequest.objects.filter(staged_path=source, destination=destination,
-                                             state=S.DELIVERING).exists():
+    def check_delivered(self, source, target):
+        """[(job id, path)] of the requests waiting for this delivery; none is a violation."""
+        waiting = [(job, path) for job, path, destination, layout in RestoreRequest.objects.filter(
+                       staged_path=source, state=S.DELIVERING).values_list("job_id", "path", "destination",
+                                                                           "destination_layout")
+                   if delivery_target(destination, layout, path) == target]
+        if not waiting:
             self.fail("no cancelled or released request is delivered",
-                      f"{source} delivered to {destination} for no request waiting for it")
+                      f"{source} delivered to {target} for no request waiting for it")
+        return waiting
 
     def check_release(self, t, paths):
         """No request done with a pin still running on these paths (the simulator's own account
