@@ -231,6 +231,21 @@ BENCHMARKS = [
          Figure("slowest statement (auto_explain over 3 s)", "slowest_statement_s", " s", None, 1)],
         services=False, minutes=15),
     Benchmark(
+        "faults", "Bad weeks, simulated: seeds of users, operators and faults against the real loop (issue 24)",
+        "faults.py",
+        "Each seed a short deterministic schedule (carousel/sim/faults.py): a few tapes, drives, users and "
+        "groups; submissions through the intake, cancels, resubmissions, releases, retention, operators' "
+        "pauses, caps, weights and drives; lost jobs, drive errors, locates saying try later, the stager "
+        "down, garbage and timed-out answers, a hanging mail server, failing deliveries and cycles dying "
+        "between any two steps; the real run_cycle and services with the shipped control defaults on "
+        "SQLite, every invariant checked after every step. Two processes.",
+        [Figure("violations", "violations", "", ("<=", 0)),
+         Figure("seeds", "seeds", ""),
+         Figure("steps (cycles and user actions, all seeds)", "steps", ""),
+         Figure("first violation", lambda r: r.get("first_violation") or "none"),
+         Figure("wall time", "wall_s", " s", None, 0)],
+        args=["--seeds", "10000", "--procs", "2"], services=False, minutes=45),
+    Benchmark(
         "tape_rest_poll", "Tape REST polls: GET stage/{id} of a 10,000-file request, 200 clients (issue 10)",
         "tape_rest_poll.py",
         "One stage request of 10,000 files, then `wrk -c200 -d20s` polling it with a bearer token "
@@ -472,7 +487,14 @@ def main():
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), metavar="NAME", help="run only these")
     parser.add_argument("--render", action="store_true", help="run nothing: rewrite the table from the results")
     parser.add_argument("--list", action="store_true", help="list the benchmarks")
+    parser.add_argument("--args", nargs=argparse.REMAINDER, metavar="ARG",
+                        help="with one --only NAME: run it with these arguments instead of its own (a shorter "
+                             "run; the table shows the command that ran)")
     args = parser.parse_args()
+    if args.args is not None:
+        if not args.only or len(args.only) != 1:
+            parser.error("--args needs exactly one benchmark named by --only")
+        BY_NAME[args.only[0]].args = args.args
     if args.list:
         for b in BENCHMARKS:
             print(f"{b.name:16} ~{b.minutes:>3} min  {b.command()}")
