@@ -76,6 +76,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's and the pages' static files without a separate web server.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # 400 for a NUL in a query parameter, before any view filters a list by it.
+    "carousel.infra.querynul.QueryNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
