@@ -157,6 +157,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_USERNAME_CALLABLE = "carousel.infra.logins.attempt_username"
 # The client address axes counts by (through django-ipware). With N trusted proxies in front, each
 # appending the address it was reached from to X-Forwarded-For (nginx's $proxy_add_x_forwarded_for),
 # the client is the N-th entry from the right (ipware's proxy count is the N-1 entries after it);

@@ -37,6 +37,16 @@ def test_a_lockout_holds_for_one_name_from_one_address(client, alice, bob):
                        REMOTE_ADDR="192.0.2.7").status_code == 302
 
 
+@pytest.mark.parametrize("url", ["/accounts/login/", "/admin/login/"])
+def test_a_name_longer_than_any_account_is_a_failed_login_not_an_error(db, client, url):
+    """axes stores the name of a failed attempt in 255 characters: a longer one was a 500 (issue 25)."""
+    name = "x" * 5000
+    answers = [client.post(url, {"username": name, "password": "guess"}).status_code
+               for _ in range(settings.AXES_FAILURE_LIMIT)]
+    assert answers == [200] * (settings.AXES_FAILURE_LIMIT - 1) + [429]
+    assert AccessAttempt.objects.get().username == "x" * 255
+
+
 def test_api_tokens_work_while_the_login_form_is_locked(client, alice):
     _fail_until_locked(client, "/accounts/login/")
     key = Token.objects.create(user=alice).key
