@@ -17,6 +17,7 @@ import hashlib
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
+from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 
 from carousel.domain.selectors import acts_for_others
@@ -57,6 +58,9 @@ class CachedTokenAuthentication(TokenAuthentication):
     """TokenAuthentication (header "Token <key>") with the look-up cached; same answers."""
 
     def authenticate_credentials(self, key):
+        if "\x00" in key:
+            # No key holds one, and PostgreSQL refuses it in a query (a 500): an unknown key.
+            raise exceptions.AuthenticationFailed("Invalid token.")
         if _seconds() <= 0:
             return super().authenticate_credentials(key)
         # Read before the look-up it names: a change in between gives the next request another key.

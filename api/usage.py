@@ -25,12 +25,25 @@ class PeriodSerializer(serializers.Serializer):
     until = serializers.DateTimeField(required=False)
     by = serializers.ChoiceField(choices=usage.BY, default="user")
 
+    def validate_since(self, value):
+        return _in_range(value)
+
+    def validate_until(self, value):
+        return _in_range(value)
+
     def validate(self, data):
         data.setdefault("until", timezone.now())
         data.setdefault("since", data["until"] - timedelta(days=DEFAULT_DAYS))
         if data["since"] >= data["until"]:
             raise serializers.ValidationError({"since": "must be before until"})
         return data
+
+
+def _in_range(value):
+    message = usage.out_of_range(value)
+    if message:
+        raise serializers.ValidationError(message)
+    return value
 
 
 def report_for(request):

@@ -1,6 +1,8 @@
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import ValidationError
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
@@ -13,6 +15,24 @@ from carousel.models import (
     Account, Bulk, Control, FileLocation, GroupShare, Job, PathPrefix, RestoreRequest, RetryQueue, StagerHealth, Tape,
     Transition,
 )
+
+
+class ChecksSelection:
+    """An action's selection is posted ids: one that is no id of the model (a forged 'abc', a
+    NUL) failed the action's query with a 500. Refused here with a message, nothing changed."""
+
+    def response_action(self, request, queryset):
+        pk = self.model._meta.pk
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                if "\x00" in value:
+                    raise ValidationError("contains a NUL byte")
+                pk.to_python(value)
+        except ValidationError:
+            self.message_user(request, "The selection names no object of this list: nothing was changed.",
+                              messages.WARNING)
+            return None
+        return super().response_action(request, queryset)
 
 
 class AccountInline(admin.StackedInline):
@@ -32,7 +52,7 @@ admin.site.unregister(Group)
 
 
 @admin.register(User)
-class CarouselUserAdmin(UserAdmin):
+class CarouselUserAdmin(ChecksSelection, UserAdmin):
     inlines = [AccountInline]
 
 
@@ -46,7 +66,7 @@ admin.site.unregister(TokenProxy)
 
 
 @admin.register(TokenProxy)
-class CarouselTokenAdmin(TokenAdmin):
+class CarouselTokenAdmin(ChecksSelection, TokenAdmin):
     """DRF's token admin, but a token's key is shown only to those who may change the token: a
     viewer (an operator with the view permission alone) sees it masked, in the list, on the
     token's page, in its title and its history. A key is a password: whoever reads it acts as
@@ -93,12 +113,12 @@ class PathPrefixInline(admin.TabularInline):
 
 
 @admin.register(Group)
-class CarouselGroupAdmin(GroupAdmin):
+class CarouselGroupAdmin(ChecksSelection, GroupAdmin):
     inlines = [GroupShareInline, PathPrefixInline]
 
 
 @admin.register(PathPrefix)
-class PathPrefixAdmin(admin.ModelAdmin):
+class PathPrefixAdmin(ChecksSelection, admin.ModelAdmin):
     list_display = ["prefix", "group", "purpose"]
     list_filter = ["purpose", "group"]
     search_fields = ["prefix", "group__name"]
@@ -123,7 +143,7 @@ class ControlForm(forms.ModelForm):
 
 
 @admin.register(Control)
-class ControlAdmin(admin.ModelAdmin):
+class ControlAdmin(ChecksSelection, admin.ModelAdmin):
     form = ControlForm
     readonly_fields = ["last_cycle_at", "last_cycle_error"]
     fieldsets = [
@@ -150,7 +170,7 @@ class ControlAdmin(admin.ModelAdmin):
 
 
 @admin.register(RestoreRequest)
-class RestoreRequestAdmin(admin.ModelAdmin):
+class RestoreRequestAdmin(ChecksSelection, admin.ModelAdmin):
     list_display = ["id", "path", "user", "state", "priority", "tape", "attempts", "error_class", "created_at",
                     "finished_at"]
     list_filter = ["state", "error_class", "priority"]
@@ -206,7 +226,7 @@ class QuarantinedFilter(admin.SimpleListFilter):
 
 
 @admin.register(Tape)
-class TapeAdmin(admin.ModelAdmin):
+class TapeAdmin(ChecksSelection, admin.ModelAdmin):
     list_display = ["label", "media", "quarantined_at", "quarantine_reason", "recent_failures"]
     list_filter = [QuarantinedFilter, "media"]
     search_fields = ["label"]
@@ -220,7 +240,7 @@ class TapeAdmin(admin.ModelAdmin):
 
 
 @admin.register(StagerHealth)
-class StagerHealthAdmin(admin.ModelAdmin):
+class StagerHealthAdmin(ChecksSelection, admin.ModelAdmin):
     """What the loop judged of the stager at its last cycle: written by the loop only."""
 
     list_display = ["state", "reason", "since", "jobs_limit", "healthy_limit", "jobs_ceiling", "last_progress_at",
@@ -247,7 +267,7 @@ class StagerHealthAdmin(admin.ModelAdmin):
 
 
 @admin.register(RetryQueue)
-class RetryQueueAdmin(admin.ModelAdmin):
+class RetryQueueAdmin(ChecksSelection, admin.ModelAdmin):
     """Requests waiting for their retry time, soonest first."""
 
     list_display = ["id", "path", "user", "tape", "attempts", "error_class", "last_error", "retry_at"]
@@ -278,7 +298,7 @@ class RetryQueueAdmin(admin.ModelAdmin):
 
 
 @admin.register(FileLocation)
-class FileLocationAdmin(admin.ModelAdmin):
+class FileLocationAdmin(ChecksSelection, admin.ModelAdmin):
     list_display = ["path", "tape", "position", "size", "located_at"]
     search_fields = ["path", "tape__label"]
     raw_id_fields = ["tape"]
@@ -286,14 +306,14 @@ class FileLocationAdmin(admin.ModelAdmin):
 
 
 @admin.register(Bulk)
-class BulkAdmin(admin.ModelAdmin):
+class BulkAdmin(ChecksSelection, admin.ModelAdmin):
     list_display = ["id", "user", "created_at", "files", "created"]
     search_fields = ["id", "user__username"]
     raw_id_fields = ["user", "submitter"]
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ChecksSelection, admin.ModelAdmin):
     """Jobs are the loop's: shown, never edited by hand (a changed state or chain would
     contradict what the stager was told)."""
 
@@ -324,7 +344,7 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(Transition)
-class TransitionAdmin(admin.ModelAdmin):
+class TransitionAdmin(ChecksSelection, admin.ModelAdmin):
     list_display = ["request", "from_state", "to_state", "at"]
     list_filter = ["to_state"]
     search_fields = ["request__path", "request__user__username"]
@@ -342,13 +362,13 @@ from carousel.models import WlcgGroupMap, WlcgIdentity  # noqa: E402 - the grid 
 
 
 @admin.register(WlcgGroupMap)
-class WlcgGroupMapAdmin(admin.ModelAdmin):
+class WlcgGroupMapAdmin(ChecksSelection, admin.ModelAdmin):
     list_display = ["wlcg_group", "issuer", "group"]
     search_fields = ["wlcg_group", "issuer", "group__name"]
 
 
 @admin.register(WlcgIdentity)
-class WlcgIdentityAdmin(admin.ModelAdmin):
+class WlcgIdentityAdmin(ChecksSelection, admin.ModelAdmin):
     list_display = ["subject", "issuer", "user", "created_at"]
     search_fields = ["subject", "issuer", "user__username"]
     raw_id_fields = ["user"]

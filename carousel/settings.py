@@ -76,6 +76,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's and the pages' static files without a separate web server.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # 400 for a NUL in a query parameter, before any view filters a list by it.
+    "carousel.infra.querynul.QueryNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -140,8 +142,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
 
 AUTH_PASSWORD_VALIDATORS = []
 # Failed logins are limited (django-axes): after AXES_FAILURE_LIMIT failures for one user name from
-# one address, that pair is refused, even with the right password, until the cool-off has passed.
-# Locking by the pair, not by the name alone, keeps a stranger from locking a user out from afar.
+# one client address, that pair is refused, even with the right password, until the cool-off has
+# passed. Locking by the pair, not by the name alone, keeps a stranger from locking a user out from
+# afar, as long as the address is the client's: behind a proxy REMOTE_ADDR is the proxy's, so set
+# CAROUSEL_TRUSTED_PROXIES (below), or every client shares the proxy's lockouts.
 # The admin's and the pages' login forms go through authenticate(), so through axes; the API's
 # tokens and WLCG JWTs never do, and are not counted.
 AUTHENTICATION_BACKENDS = [
@@ -153,6 +157,28 @@ AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_USERNAME_CALLABLE = "carousel.infra.logins.attempt_username"
+# The client address axes counts by (through django-ipware). With N trusted proxies in front, each
+# appending the address it was reached from to X-Forwarded-For (nginx's $proxy_add_x_forwarded_for),
+# the client is the N-th entry from the right (ipware's proxy count is the N-1 entries after it);
+# what a client wrote into the header itself stays on the left and changes nothing, hence the
+# non-strict reading that counts from the right. The header alone is read: with REMOTE_ADDR as a
+# second choice, ipware would prefer a proxy's public address to an intranet client's private one.
+# 0, the default: REMOTE_ADDR only, the header is ignored.
+try:
+    CAROUSEL_TRUSTED_PROXIES = int(os.environ.get("CAROUSEL_TRUSTED_PROXIES") or 0)
+except ValueError:
+    CAROUSEL_TRUSTED_PROXIES = -1
+if CAROUSEL_TRUSTED_PROXIES < 0:
+    raise ImproperlyConfigured("CAROUSEL_TRUSTED_PROXIES must be the number of proxies in front of Carousel "
+                               f"(0, 1, ...); got {os.environ['CAROUSEL_TRUSTED_PROXIES']!r}")
+if CAROUSEL_TRUSTED_PROXIES:
+    AXES_IPWARE_PROXY_COUNT = CAROUSEL_TRUSTED_PROXIES - 1
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR",)
+    IPWARE_STRICT = False
+else:
+    AXES_IPWARE_PROXY_COUNT = None
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True

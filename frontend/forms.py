@@ -8,19 +8,28 @@ from django.conf import settings
 from carousel.models import ACTIVE_STATES, DestinationLayout, RequestState
 
 
+NOT_UTF8 = "not UTF-8 text"
+
+
 def read_lines(lines, *, limit):
     """The non-blank lines of `lines` (str or UTF-8 bytes, line endings kept or not), stripped:
     (paths, line numbers counted from 1, errors). Stops after `limit` paths, enough for the
-    service to refuse a list that is too long without reading all of it."""
+    service to refuse a list that is too long without reading all of it.
+
+    Django decodes a posted text field with errors="replace", so bytes that are not UTF-8 reach
+    the paste box as U+FFFD: a line holding it is refused as an upload's undecodable line is
+    (in both, so that the paste box and the file agree), never queued mangled."""
     paths, numbers, errors = [], [], []
     for number, line in enumerate(lines, 1):
         if isinstance(line, bytes):
             try:
                 line = line.decode("utf-8")
             except UnicodeDecodeError:
-                errors.append({"line": number, "path": line[:200].decode("utf-8", "replace"),
-                               "message": "not UTF-8 text"})
+                errors.append({"line": number, "path": line[:200].decode("utf-8", "replace"), "message": NOT_UTF8})
                 continue
+        if "\ufffd" in line:
+            errors.append({"line": number, "path": line[:200], "message": NOT_UTF8})
+            continue
         line = line.strip()
         if line:
             paths.append(line)

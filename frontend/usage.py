@@ -18,6 +18,12 @@ class PeriodForm(forms.Form):
                             widget=forms.DateInput(attrs={"type": "date"}))
     by = forms.ChoiceField(choices=[("user", "per user"), ("group", "per group")], required=False, label="Lines")
 
+    def clean_since(self):
+        return _in_range(self.cleaned_data["since"])
+
+    def clean_until(self):
+        return _in_range(self.cleaned_data["until"])
+
     def clean(self):
         data = super().clean()
         today = timezone.now().date()
@@ -32,6 +38,13 @@ class PeriodForm(forms.Form):
         d = self.cleaned_data
         return (datetime.combine(d["since"], time(), dt_timezone.utc),
                 datetime.combine(d["until"] + timedelta(days=1), time(), dt_timezone.utc), d["by"])
+
+
+def _in_range(day):
+    message = day and usage.out_of_range(datetime.combine(day, time(), dt_timezone.utc))
+    if message:
+        raise forms.ValidationError(message)
+    return day
 
 
 @login_required

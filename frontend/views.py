@@ -86,7 +86,7 @@ def restore(request):
         return render(request, "frontend/restore.html", context, status=400 if form.errors else 200)
     paths, lines, errors = form.read_paths()
     if errors:
-        context.update(detail=f"{len(errors)} line(s) of the file are not UTF-8 text; nothing was stored.",
+        context.update(detail=f"{len(errors)} line(s) are not UTF-8 text; nothing was stored.",
                        errors=errors[:ERRORS_SHOWN], hidden=len(errors) - ERRORS_SHOWN)
         return render(request, "frontend/restore.html", context, status=400)
     try:

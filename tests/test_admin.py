@@ -23,6 +23,31 @@ def test_operator_pages_load(as_staff, alice, now, url):
     assert as_staff.get(url).status_code == 200
 
 
+@pytest.mark.parametrize("url, param", [("/admin/carousel/restorerequest/", "state"),
+                                        ("/admin/carousel/bulk/", "label"), ("/admin/auth/user/", "username"),
+                                        ("/admin/axes/accessattempt/", "username"), ("/requests/", "path")])
+def test_a_nul_in_a_filter_is_a_400_not_a_database_error(as_staff, alice, now, url, param):
+    """The admin filters a list by any column named in the query: a NUL reached PostgreSQL (issue 25)."""
+    restore_submit(user=alice, now=now, paths=["/a"])
+    answer = as_staff.get(url, {param: "queued\x00"})
+    assert answer.status_code == 400
+    assert f"the query parameter '{param}' contains a NUL byte" in answer.content.decode()
+
+
+@pytest.mark.parametrize("url, action", [("/admin/carousel/restorerequest/", "retry_now"),
+                                         ("/admin/carousel/restorerequest/", "delete_selected"),
+                                         ("/admin/carousel/bulk/", "delete_selected"),
+                                         ("/admin/auth/user/", "delete_selected")])
+@pytest.mark.parametrize("selected", ["abc", "a\x00"])
+def test_an_action_on_a_forged_selection_changes_nothing_and_says_so(as_staff, alice, now, url, action, selected):
+    """The posted ids reached the action's query: 'abc' or a NUL was a 500 (issue 25)."""
+    restore_submit(user=alice, now=now, paths=["/a"])
+    answer = as_staff.post(url, {"action": action, "_selected_action": [selected]}, follow=True)
+    assert answer.status_code == 200
+    assert "The selection names no object of this list" in answer.content.decode()
+    assert RestoreRequest.objects.count() == 1
+
+
 def test_requests_are_searchable_by_path_and_user(as_staff, alice, bob, now):
     restore_submit(user=alice, now=now, paths=["/needle/x"])
     restore_submit(user=bob, now=now, paths=["/hay/y"])

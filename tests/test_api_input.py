@@ -51,6 +51,20 @@ def test_a_nul_in_a_query_parameter_is_refused(as_alice, param):
     assert param in body["detail"]
 
 
+@pytest.mark.parametrize("url, param", [("/api/v1/bulks/", "label"), ("/api/v1/bulks/", "page_size"),
+                                        ("/api/v1/summary/", "x"), ("/api/v1/usage/", "by")])
+def test_a_nul_in_any_query_parameter_is_refused_on_every_list(as_alice, url, param):
+    """?label=a%00b reached PostgreSQL and answered 500 (issue 25)."""
+    body = api_error(as_alice.get(url, {param: "a\x00b"}), 400)
+    assert body["fields"] == {param: ["contains a NUL byte"]}
+
+
+def test_a_nul_in_a_query_parameter_is_refused_on_the_tape_rest_door(as_alice):
+    r = as_alice.get("/api/tape-rest/v1/stage/some-id", {"x": "\x00"})
+    assert r.status_code == 400 and r["Content-Type"] == "application/problem+json"
+    assert "NUL" in r.json()["detail"]
+
+
 @pytest.mark.parametrize("param", ["since", "until"])
 @pytest.mark.parametrize("value", ["0001-01-01T00:00+01:00", "9999-12-31T23:59-01:00", "2026-01-01T00:00+24:00",
                                    "2026-02-30T00:00Z", "yesterday"])

@@ -96,6 +96,14 @@ def test_proxy_settings_come_from_the_environment(tmp_path):
                        "SESSION_COOKIE_SECURE": True, "CSRF_COOKIE_SECURE": True}
 
 
+def test_trusted_proxies_come_from_the_environment(tmp_path):
+    names = ("AXES_IPWARE_PROXY_COUNT", "AXES_IPWARE_META_PRECEDENCE_ORDER")
+    assert _settings_in({"CAROUSEL_VAR_DIR": str(tmp_path)}, *names) == {
+        "AXES_IPWARE_PROXY_COUNT": None, "AXES_IPWARE_META_PRECEDENCE_ORDER": ["REMOTE_ADDR"]}
+    assert _settings_in({"CAROUSEL_VAR_DIR": str(tmp_path), "CAROUSEL_TRUSTED_PROXIES": "2"}, *names) == {
+        "AXES_IPWARE_PROXY_COUNT": 1, "AXES_IPWARE_META_PRECEDENCE_ORDER": ["HTTP_X_FORWARDED_FOR"]}
+
+
 def test_a_form_post_through_a_tls_proxy_passes_the_csrf_check(settings, alice):
     settings.ALLOWED_HOSTS = ["carousel.example.org"]
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

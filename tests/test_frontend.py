@@ -124,6 +124,17 @@ def test_an_upload_that_is_not_utf8_is_refused_with_its_lines(as_alice_web):
     assert not RestoreRequest.objects.exists()
 
 
+def test_pasted_text_that_is_not_utf8_is_refused_with_its_lines(as_alice_web):
+    """Django reads the bad bytes as U+FFFD; the paste box refuses the line as the upload does
+    instead of queueing the mangled path (issue 25)."""
+    r = as_alice_web.post("/restore/", "paths=%2Fok%2Fa%0D%0A%2Fd%2Fbad%FFname%0D%0A%2Fok%2Fb",
+                          content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 400
+    assert re.findall(r'<td data-label="Line">(\d+)</td>', page(r)) == ["2"]
+    assert "not UTF-8 text" in page(r)
+    assert not RestoreRequest.objects.exists() and not Intake.objects.exists()
+
+
 def test_it_wants_paths_or_a_file_but_not_both(as_alice_web):
     assert "Paste at least one path" in page(as_alice_web.post("/restore/", {"paths": "  \n"}))
     r = as_alice_web.post("/restore/", {"paths": "/a", "file": SimpleUploadedFile("l.txt", b"/b\n")})

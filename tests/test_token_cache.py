@@ -55,6 +55,20 @@ def test_an_unknown_token_is_refused_every_time(alice, as_alice):
     assert wrong.get(SUMMARY).status_code == 401
 
 
+@pytest.mark.parametrize("keyword", ["Token", "Bearer"])
+@pytest.mark.parametrize("cache_seconds", [30, 0])
+def test_a_key_with_a_nul_is_an_unknown_token_not_a_database_error(settings, db, keyword, cache_seconds):
+    """PostgreSQL refuses a NUL in the look-up: it was a 500 on both doors (issue 25)."""
+    from rest_framework.test import APIClient
+
+    settings.CAROUSEL_TOKEN_CACHE_SECONDS = cache_seconds
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"{keyword} a\x00b")
+    for url in (SUMMARY, "/api/tape-rest/v1/stage/some-id"):
+        answer = client.get(url)
+        assert answer.status_code == 401 and "Invalid token" in answer.json()["detail"]
+
+
 @pytest.fixture
 def bobs_request(bob, now):
     restore_submit(user=bob, now=now, paths=["/b/1"])

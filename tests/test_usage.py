@@ -120,6 +120,25 @@ def test_bad_periods_are_a_clear_400(as_alice, params, where):
     assert body["status"] == 400 and where in body["fields"]
 
 
+@pytest.mark.parametrize("params, where", [({"until": "0001-01-03"}, "until"), ({"until": "9999-12-31T12:00Z"}, "until"),
+                                           ({"since": "0001-01-01T00:00Z"}, "since"),
+                                           ({"since": "1969-12-31T23:00Z"}, "since")])
+def test_dates_beyond_the_reports_range_are_a_clear_400(as_alice, params, where):
+    for url in ("/api/v1/usage/", "/api/v1/usage/csv/"):
+        response = as_alice.get(url, params)
+        assert response.status_code == 400, response.content
+        assert "out of range" in str(response.json()["fields"][where])
+
+
+@pytest.mark.parametrize("params", [{"until": "0001-01-03"}, {"until": "9999-12-31"}, {"since": "0001-01-01"},
+                                    {"since": "1969-12-31", "until": "1970-01-02"}])
+def test_the_page_refuses_dates_beyond_the_reports_range(client, alice, params):
+    client.force_login(alice)
+    page = client.get("/usage/", params)
+    assert page.status_code == 400
+    assert "out of range: between 1970-01-01 and 9999-01-01" in page.content.decode()
+
+
 def test_the_page_and_its_csv(history, client, alice, operator):
     t0 = history
     day = t0.date().isoformat()

@@ -318,3 +318,21 @@ def test_each_scope_on_both_doors(issuer, scope):
         if key[1] in ("cancel", "release") and changed != (wanted == 200 and scope.endswith(":/data")):
             problems.append(f"{key}: the request was {'changed' if changed else 'left'} ({req.state})")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("claims", [{"sub": "u" * 256}, {"sub": "u-1\x00root"}, {"sub": "u-\ud800"},
+                                    {"scope": "storage.stage:/a\x00b"}, {"scope": "storage.poll:/data/../x"},
+                                    {"scope": "storage.stage:/data/\ud800"}])
+def test_tokens_with_unusable_text_are_invalid_on_both_doors(issuer, claims):
+    """A subject too long for the identity, or holding a NUL, or a scope whose path the path
+    rules refuse, is an invalid token (401 with the reason), not a database error (issue 25)."""
+    client = bearer(issuer.mint(**{"sub": "u-1", "scope": "storage.stage:/", **claims}))
+    tape = [stage(client, "/atlas/data/f"), client.get(f"{BASE}/stage/some-id")]
+    native = [client.post("/api/v1/requests/", {"paths": ["/atlas/data/f"]}, format="json"),
+              client.get("/api/v1/requests/"), client.get("/api/v1/bulks/")]
+    for response in tape + native:
+        assert response.status_code == 401, response.content
+        assert "the token is invalid" in response.json()["detail"]
+    for response in tape:
+        assert response["WWW-Authenticate"] == 'Bearer error="invalid_token"'
+    assert not RestoreRequest.objects.exists() and not WlcgIdentity.objects.exists()

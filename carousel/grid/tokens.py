@@ -26,6 +26,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from carousel.domain import policy
+from carousel.domain.paths import check_place
 from carousel.models import Account, WlcgGroupMap, WlcgIdentity
 
 log = logging.getLogger("carousel.wlcg")
@@ -168,6 +169,10 @@ def decode(token):
     version = str(claims.get("wlcg.ver", ""))
     if version.split(".")[0] != "1":
         raise InvalidToken(f"wlcg.ver {version!r}: only version 1 tokens are accepted")
+    subject = str(claims["sub"])
+    problem = _text_problem(subject)
+    if problem or len(subject) > WlcgIdentity._meta.get_field("subject").max_length:
+        raise InvalidToken(f"the subject (sub) {problem or 'is longer than 255 characters'}: the token is invalid")
     base = _join(conf.get("base_path", "/"), "")
     stage, poll, capabilities = [], [], False
     for scope in str(claims.get("scope", "")).split():
@@ -177,6 +182,11 @@ def decode(token):
         if name in STORAGE_SCOPES:
             if not path.startswith("/"):
                 raise InvalidToken(f"scope {scope!r} has no path: the token is invalid")
+            # A scope's path is a place as a submitted path is: the same rules refuse it (a
+            # NUL or a '..' would otherwise reach the database or widen the prefix).
+            problem = _text_problem(path) or check_place(path, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)[1]
+            if problem:
+                raise InvalidToken(f"scope {scope[:200]!r}: the path {problem}: the token is invalid")
             if name == "storage.stage":
                 stage.append(_join(base, path))
             elif name == "storage.poll":
@@ -184,8 +194,20 @@ def decode(token):
     groups = claims.get("wlcg.groups") or []
     if not isinstance(groups, list):
         raise InvalidToken("wlcg.groups must be a list")
-    return Grant(issuer=conf["issuer"], subject=str(claims["sub"]), base_path=base, stage=tuple(stage),
+    return Grant(issuer=conf["issuer"], subject=subject, base_path=base, stage=tuple(stage),
                  poll=tuple(poll), capabilities=capabilities, groups=[g for g in groups if isinstance(g, str)])
+
+
+def _text_problem(text):
+    """What makes a claim's text unfit to store or look up (PostgreSQL takes no NUL, and UTF-8
+    has no lone surrogate), or None."""
+    if "\x00" in text:
+        return "contains a NUL byte"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode (a lone surrogate)"
+    return None
 
 
 def _username(conf, subject):

@@ -11,7 +11,7 @@ import csv
 import io
 import math
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta, timezone as dt_timezone
 
 from django.contrib.auth.models import Group, User
 from django.db.models import Max, Sum
@@ -20,6 +20,10 @@ from carousel.domain import policy
 from carousel.models import WAIT_BUCKETS_S, UsageDay, UsageWait
 
 BY = ("user", "group")
+# The dates a report may name: the epoch to a year short of datetime's end, so that the
+# arithmetic on a period (a default week before, a day after) stays within datetime's range.
+FIRST_MOMENT = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+LAST_MOMENT = datetime(9999, 1, 1, tzinfo=dt_timezone.utc)
 FAILURE_CLASSES = ("transient", "permanent", "user", "delivery", "other")
 SUMMED = ("requested_files", "requested_bytes", "restored_files", "restored_bytes",
           *(f"failed_{c}" for c in FAILURE_CLASSES), "retries", "cancelled", "expired", "wait_sum_s", "mounts",
@@ -62,6 +66,14 @@ class UsageReport:
     by: str
     lines: list
     total_drive_s: float
+
+
+def out_of_range(moment):
+    """The message refusing a period's end (an aware datetime) outside the dates a report may
+    name, or None: the one rule of the usage API and the usage page."""
+    if FIRST_MOMENT <= moment <= LAST_MOMENT:
+        return None
+    return f"out of range: between {FIRST_MOMENT:%Y-%m-%d} and {LAST_MOMENT:%Y-%m-%d}"
 
 
 def day_floor(t):
