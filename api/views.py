@@ -1,5 +1,6 @@
 """REST API v1. Views parse, call a service or a selector, and render; nothing more."""
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -43,12 +44,26 @@ class NewestFirst(CursorPagination):
                 {self.page_size_query_param: f"{raw[:50]!r} is not a whole number from 1 to {self.max_page_size}"})
         return int(raw)
 
+    def paginate_queryset(self, queryset, request, view=None):
+        self.model = queryset.model
+        return super().paginate_queryset(queryset, request, view)
+
     def decode_cursor(self, request):
+        refused = serializers.ValidationError(
+            {self.cursor_query_param: "not a cursor this API gave out: follow the next and previous links"})
         try:
-            return super().decode_cursor(request)
+            cursor = super().decode_cursor(request)
         except exceptions.NotFound:
-            raise serializers.ValidationError(
-                {self.cursor_query_param: "not a cursor this API gave out: follow the next and previous links"})
+            raise refused
+        # A cursor is base64 a client can forge: its position must be a value of the ordering's
+        # first field, or filtering by it raises (a 500) instead of refusing.
+        if cursor is not None and cursor.position is not None:
+            field = self.model._meta.get_field(self.get_ordering(request, None, None)[0].lstrip("-"))
+            try:
+                field.to_python(cursor.position)
+            except DjangoValidationError:
+                raise refused
+        return cursor
 
 
 class RequestListCreate(generics.ListAPIView):

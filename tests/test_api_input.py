@@ -65,6 +65,18 @@ def test_a_nul_in_a_query_parameter_is_refused_on_the_tape_rest_door(as_alice):
     assert "NUL" in r.json()["detail"]
 
 
+@pytest.mark.parametrize("url", [URL, "/api/v1/bulks/"])
+@pytest.mark.parametrize("inside", ["p=abc", "p=", "r=1&p=x", "p=1e400", "p=2026-01-01T00:00:00Z", "o=1&p=1"])
+def test_a_forged_cursor_is_refused(as_alice, alice, url, inside):
+    """A cursor is base64 a client can write: a position that is not a value of the list's
+    order was a 500 (issue 25)."""
+    import base64
+    restore_submit(user=alice, now=datetime.now(dt_timezone.utc), paths=["/c/1", "/c/2"])
+    r = as_alice.get(url, {"cursor": base64.b64encode(inside.encode()).decode()})
+    if r.status_code != 200:  # a position that happens to be a value of the order is a page
+        assert "not a cursor this API gave out" in str(api_error(r, 400)["fields"]["cursor"])
+
+
 @pytest.mark.parametrize("param", ["since", "until"])
 @pytest.mark.parametrize("value", ["0001-01-01T00:00+01:00", "9999-12-31T23:59-01:00", "2026-01-01T00:00+24:00",
                                    "2026-02-30T00:00Z", "yesterday"])
