@@ -250,3 +250,14 @@ def test_the_move_probes_the_request_table_by_index_even_with_stale_statistics(s
             plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Seq Scan on carousel_restorerequest" not in plan, plan
     assert intake.settle(big.bulk.pk, now=now) == 5
+
+
+def test_the_submissions_hex_keys_are_the_path_keys():
+    """restore_submit keys its paths by models.path_keys (hex text, no UUID object per path);
+    they must name the rows path_key names."""
+    import uuid
+
+    from carousel.models import path_keys
+
+    paths = ["/a/b", "/ü/x y", "/" + "z" * 4000]
+    assert [uuid.UUID(k) for k in path_keys(paths)] == [path_key(p) for p in paths]

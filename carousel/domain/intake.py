@@ -78,8 +78,9 @@ def queue_new(bulk, pairs, shared, now):
 
 def write(bulk, pairs):
     """The POST's side: the new files as intake rows, moved once the transaction commits."""
+    bulk_id = bulk.id.hex  # one text for every row, rather than a UUID dumped per row
     db.insert_rows(Intake, ("bulk_id", "n", "path", "path_key"),
-                   ((bulk.id, n, p, k) for n, (p, k) in enumerate(pairs)), ids=False)
+                   ((bulk_id, n, p, k) for n, (p, k) in enumerate(pairs)), ids=False)
     # robust: a broker that cannot take the task must not turn the stored submission's answer
     # into an error; the next cycle queues the files.
     queue.send_on_commit("carousel.tasks.settle_intake", str(bulk.id), robust=True)
