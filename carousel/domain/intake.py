@@ -90,31 +90,43 @@ def _states(states):
     return ", ".join("'%s'" % state for state in states)  # the model's own constants, not input
 
 
+# Both statements below are driven by the intake's rows, one at a time: every look-up in the
+# request table is a subquery of one file (path_key), so it is an index probe whatever the
+# planner believes of the table's size (db.index_probes keeps it from scanning or hashing).
+REQUESTS = RestoreRequest._meta.db_table
+
 # The submission's own requests for its waiting files that became active since the answer (the
 # answer's check ran under the account lock; this keeps "one active request per user and file"
 # whatever happened in between): the submission lists them, as a duplicate, with a BulkItem.
 # At most one per file (the constraint one_active_request_per_user_and_file).
 _LIST_OWN = f"""
     INSERT INTO {BulkItem._meta.db_table} (bulk_id, request_id)
-    SELECT i.bulk_id, r.id FROM {Intake._meta.db_table} i
-    JOIN {RestoreRequest._meta.db_table} r ON r.path_key = i.path_key
-    WHERE i.bulk_id = %s AND r.user_id = %s AND r.state IN ({_states(ACTIVE_STATES)})"""
+    SELECT bulk_id, own FROM (
+        SELECT i.bulk_id, (SELECT r.id FROM {REQUESTS} r WHERE r.path_key = i.path_key AND r.user_id = %s
+                           AND r.state IN ({_states(ACTIVE_STATES)})) AS own
+        FROM {Intake._meta.db_table} i WHERE i.bulk_id = %s) AS files
+    WHERE own IS NOT NULL"""
 
 # The others become requests carrying the submission's options, as queue_new writes them; a file
 # some user is already staging joins that stage (its state, job, rank and times), rather than
-# reading the tape again. In the submission's order.
+# reading the tape again. In the submission's order. (f: the file's active request found first
+# in flight, by its id; the states are tested in the columns, not in the look-up: a condition on
+# the in-flight states there lets the planner walk every request in flight for each file.)
+_STAGED = f"f.state IN ({_states(IN_FLIGHT_STATES)})"
 _QUEUE_REST = f"""
-    INSERT INTO {RestoreRequest._meta.db_table} ({", ".join(RestoreRequest._meta.get_field(c).column for c in COLUMNS)})
+    INSERT INTO {REQUESTS} ({", ".join(RestoreRequest._meta.get_field(c).column for c in COLUMNS)})
     SELECT b.user_id, b.group_id, b.id, i.path, i.path_key, b.priority, COALESCE(b.destination, ''),
-           b.destination_layout, b.deadline, b.pin_lifetime, COALESCE(f.state, '{RequestState.QUEUED}'), 0, '', '',
-           f.job_id, COALESCE(f.job_rank, 0), b.created_at, %s, f.submitted_at, f.started_at
+           b.destination_layout, b.deadline, b.pin_lifetime,
+           CASE WHEN {_STAGED} THEN f.state ELSE '{RequestState.QUEUED}' END, 0, '', '',
+           CASE WHEN {_STAGED} THEN f.job_id END, CASE WHEN {_STAGED} THEN f.job_rank ELSE 0 END,
+           b.created_at, %s, CASE WHEN {_STAGED} THEN f.submitted_at END, CASE WHEN {_STAGED} THEN f.started_at END
     FROM {Intake._meta.db_table} i
     JOIN {Bulk._meta.db_table} b ON b.id = i.bulk_id
-    LEFT JOIN {RestoreRequest._meta.db_table} f ON f.id = (
-        SELECT s.id FROM {RestoreRequest._meta.db_table} s
-        WHERE s.path_key = i.path_key AND s.state IN ({_states(IN_FLIGHT_STATES)}) LIMIT 1)
+    LEFT JOIN {REQUESTS} f ON f.id = (
+        SELECT s.id FROM {REQUESTS} s WHERE s.path_key = i.path_key AND s.state IN ({_states(ACTIVE_STATES)})
+        ORDER BY s.state IN ({_states(IN_FLIGHT_STATES)}) DESC LIMIT 1)
     WHERE i.bulk_id = %s AND NOT EXISTS (
-        SELECT 1 FROM {RestoreRequest._meta.db_table} o
+        SELECT 1 FROM {REQUESTS} o
         WHERE o.path_key = i.path_key AND o.user_id = b.user_id AND o.state IN ({_states(ACTIVE_STATES)}))
     ORDER BY i.n"""
 
@@ -134,7 +146,7 @@ def settle(bulk_id, *, now=None, wait=True):
             return 0
         with db.index_probes(), connection.cursor() as cursor:
             bulk_key = Bulk._meta.pk.get_db_prep_value(bulk.id, connection)  # SQLite keeps UUIDs as text
-            cursor.execute(_LIST_OWN, [bulk_key, bulk.user_id])
+            cursor.execute(_LIST_OWN, [bulk.user_id, bulk_key])
             own = cursor.rowcount
             cursor.execute(_QUEUE_REST, [connection.ops.adapt_datetimefield_value(now), bulk_key])
         moved, _ = Intake.objects.filter(bulk_id=bulk.id).delete()

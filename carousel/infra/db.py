@@ -103,24 +103,32 @@ def try_lock(name):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_PROBES_ONLY = ("enable_seqscan", "enable_hashjoin", "enable_mergejoin", "jit")
+
+
 @contextlib.contextmanager
 def index_probes():
-    """Within it, PostgreSQL reads tables through their indexes only (enable_seqscan off, for
-    the block, then as it was). For a statement that inserts into a table while probing it per
-    row (INSERT ... SELECT ... WHERE NOT EXISTS): with the table's statistics taken while it was
-    small, the planner scans it whole for each row, and every scan walks the pages the statement
-    has just filled: 100,000 rows took 141 s instead of 2. SQLite: nothing to do."""
+    """Within it, PostgreSQL joins by nested loops over index probes only (sequential scans, hash
+    and merge joins off for the block, then as they were): a statement driven by a list of rows
+    (INSERT ... SELECT of a submission's files) then costs a few probes per row, whatever the
+    size of the tables it probes or their statistics. With statistics taken while the request
+    table was small, the planner scanned it whole for each row, pages the statement had just
+    filled included (100,000 rows took 141 s instead of 2), or hashed the whole table to join a
+    few rows. JIT off too: the probes' estimated cost made PostgreSQL compile them, 0.1 s of a
+    0.2 s statement. SQLite: nothing to do."""
     if not is_postgres():
         yield
         return
     with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('enable_seqscan'), set_config('enable_seqscan', 'off', true)")
-        before = cursor.fetchone()[0]
+        cursor.execute("SELECT " + ", ".join(f"current_setting('{name}'), set_config('{name}', 'off', true)"
+                                             for name in _PROBES_ONLY))
+        before = cursor.fetchone()[::2]
     try:
         yield
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('enable_seqscan', %s, true)", [before])
+            cursor.execute("SELECT " + ", ".join(f"set_config('{name}', %s, true)" for name in _PROBES_ONLY),
+                           list(before))
 
 
 def lateral(inner_sql, keys):
