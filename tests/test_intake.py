@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from carousel.domain import intake
 from carousel.loop.cycle import run_cycle
-from carousel.models import Bulk, BulkItem, Intake, Job, RequestState as S, RestoreRequest
+from carousel.models import Bulk, BulkItem, Intake, Job, RequestState as S, RestoreRequest, path_key
 from carousel.domain.services import restore_submit
 
 URL = "/api/v1/requests/"
@@ -165,3 +165,107 @@ def test_a_broker_that_refuses_the_tasks_does_not_fail_the_answers(small_intake,
     with django_capture_on_commit_callbacks(execute=True):
         r = as_alice.post(f"/api/v1/bulks/{r.json()['bulk_id']}/cancel/")
     assert r.status_code == 200 and r.json()["cancelled"] == 3
+
+
+def move_scenario(now):
+    """The move into the queue (two INSERT ... SELECT statements) on whichever database is
+    configured: a file that became the user's own active request between the answer and the move
+    is listed with a BulkItem, not stored twice, and not counted as created; a file another user
+    is staging joins that stage; the others are queued with the submission's options, in its
+    order. Run on PostgreSQL below and on SQLite in a subprocess."""
+    from django.contrib.auth.models import User
+    from django.test import override_settings
+
+    from carousel.domain.counters import counters_fold
+    from carousel.domain.selectors import queue_summary
+    from carousel.models import Control
+
+    Control.objects.update_or_create(id=1, defaults={"default_queued_ceiling": 1000})
+    alice, bob = User.objects.create(username="mover-a"), User.objects.create(username="mover-b")
+    job = Job.objects.create(created_at=now, state="sent", sent_at=now)
+    carol = User.objects.create(username="mover-c")
+    for path in ("/s/2", "/s/3"):  # carol's queued requests: no stage to join
+        RestoreRequest.objects.create(user=carol, path=path, path_key=path_key(path), created_at=now,
+                                      updated_at=now)
+    staged = RestoreRequest.objects.create(user=bob, path="/s/2", path_key=path_key("/s/2"), state=S.SUBMITTED,
+                                           job=job, job_rank=7, submitted_at=now, created_at=now, updated_at=now)
+    paths = [f"/s/{i}" for i in range(6)]
+    with override_settings(CAROUSEL_INTAKE_ABOVE=2):
+        big = restore_submit(user=alice, paths=paths, now=now, priority=1, pin_lifetime=timedelta(hours=2),
+                             destination_layout="name")
+    assert big.bulk.pending == 6 and big.shared == 1
+    # Between the answer and the move, /s/4 became alice's active request another way.
+    own = RestoreRequest.objects.create(user=alice, path="/s/4", path_key=path_key("/s/4"), state=S.QUEUED,
+                                        created_at=now, updated_at=now)
+    assert intake.settle(big.bulk.pk, now=now + timedelta(seconds=1)) == 6
+    bulk = Bulk.objects.get(pk=big.bulk.pk)
+    assert (bulk.pending, bulk.created) == (0, 5)
+    assert list(BulkItem.objects.filter(bulk=bulk).values_list("request_id", flat=True)) == [own.pk]
+    assert RestoreRequest.objects.filter(user=alice, path="/s/4").count() == 1
+    moved = list(RestoreRequest.objects.filter(bulk=bulk).order_by("id").values_list(
+        "path", "state", "job_id", "job_rank", "submitted_at", "priority", "pin_lifetime", "destination_layout",
+        "created_at", "updated_at"))
+    assert [m[0] for m in moved] == ["/s/0", "/s/1", "/s/2", "/s/3", "/s/5"]  # the submission's order
+    assert moved[2][1:5] == (S.SUBMITTED, job.id, 7, staged.submitted_at)
+    assert {m[1:5] for m in moved[:2] + moved[3:]} == {(S.QUEUED, None, 0, None)}
+    assert {m[5:] for m in moved} == {(1, timedelta(hours=2), "name", now, now + timedelta(seconds=1))}
+    counters_fold()
+    assert queue_summary(user=alice)["states"]["queued"] == 5  # the counters' triggers saw the move
+
+
+def test_the_move_into_the_queue_dedupes_and_joins_on_postgresql(db, now):
+    move_scenario(now)
+
+
+def test_the_move_into_the_queue_dedupes_and_joins_on_sqlite(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(CAROUSEL_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="carousel.settings")
+    code = ("import django; django.setup()\n"
+            "from django.core.management import call_command; call_command('migrate', verbosity=0)\n"
+            "from django.db import connection; assert connection.vendor == 'sqlite'\n"
+            "from django.utils import timezone; from tests.test_intake import move_scenario\n"
+            "from django.db import transaction\n"
+            "with transaction.atomic():  # no commit: the task the answer sends is never sent\n"
+            "    move_scenario(timezone.now()); transaction.set_rollback(True)\n"
+            "print('move OK')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "move OK" in done.stdout, done.stderr[-3000:]
+
+
+def test_the_move_probes_the_request_table_by_index_even_with_stale_statistics(small_intake, alice, now):
+    """Statistics taken while the request table was empty make the planner scan it whole for
+    each file of the move, pages the move itself fills included: quadratic (a 100,000-file move
+    took 141 s), or hash the whole table. The move keeps to index probes per file."""
+    from django.db import connection
+
+    from carousel.infra import db as infra_db
+
+    big = restore_submit(user=alice, paths=[f"/q/{i}" for i in range(5)], now=now)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE carousel_restorerequest")
+        with infra_db.index_probes():
+            cursor.execute("EXPLAIN " + intake._QUEUE_REST, [now, big.bulk.pk])
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Seq Scan on carousel_restorerequest" not in plan and "Hash" not in plan, plan
+    assert "request_in_flight" not in plan, plan  # every request in flight walked for each file
+    with connection.cursor() as cursor:  # as they were after the block
+        cursor.execute("SELECT current_setting('enable_seqscan'), current_setting('enable_hashjoin')")
+        assert cursor.fetchone() == ("on", "on")
+    assert intake.settle(big.bulk.pk, now=now) == 5
+
+
+def test_the_submissions_hex_keys_are_the_path_keys():
+    """restore_submit keys its paths by models.path_keys (hex text, no UUID object per path);
+    they must name the rows path_key names."""
+    import uuid
+
+    from carousel.models import path_keys
+
+    paths = ["/a/b", "/ü/x y", "/" + "z" * 4000]
+    assert [uuid.UUID(k) for k in path_keys(paths)] == [path_key(p) for p in paths]

@@ -16,6 +16,7 @@ from carousel.domain.exceptions import InvalidSubmission, NotAllowed, QueueCeili
 from carousel.models import (
     ACTIVE_STATES, ALLOWED_FROM, IN_FLIGHT_STATES, TERMINAL_STATES, Account, Bulk, BulkItem, Control,
     DestinationLayout, ErrorClass, Intake, Job, JobState, RequestState, RestoreRequest, StagerCall, path_key,
+    path_keys,
 )
 from carousel.domain.paths import PathError, check_destination, check_path, target_collisions, validate_paths
 
@@ -111,7 +112,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
     _check_targets(paths, clean, destination, destination_layout)
     _check_authorised(user, paths, clean)
 
-    keys = [path_key(p) for p in clean]
+    keys = path_keys(clean)  # hex: the keys from the database below are compared by .hex
     with transaction.atomic():
         # One write on a user's active requests at a time (a submission, a cancel), so neither
         # the ceiling check nor the duplicates found below can be raced.
@@ -128,9 +129,9 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
         in_flight = {}
         for id_, user_id, key, state, job_id, job_rank, submitted_at, started_at in active:
             if user_id == user.id:
-                own[key] = id_
+                own[key.hex] = id_
             elif state in IN_FLIGHT_STATES:
-                in_flight[key] = (state, job_id, job_rank, submitted_at, started_at)
+                in_flight[key.hex] = (state, job_id, job_rank, submitted_at, started_at)
 
         # (A submission of new files, the usual big one, skips hashing 100,000 keys twice.)
         new = [(p, k) for p, k in zip(clean, keys) if k not in own] if own else list(zip(clean, keys))
