@@ -46,8 +46,13 @@ def build_history(user, *, submissions, requests, now):
         for b, (bulk_id, group_id) in enumerate(bulks):
             for i in range(per_bulk):
                 path = f"/hist/s{b:05d}/f{i:06d}.root"
-                yield (user.id, group_id, bulk_id, path, path_key(path), 0, "", None, None, RequestState.DONE, 1,
-                       "", "", None, 0, finished, finished, finished, finished, finished)
+                # by name: the intake's columns grow (destination_layout came after this was written)
+                row = dict(user_id=user.id, group_id=group_id, bulk_id=bulk_id, path=path, path_key=path_key(path),
+                           priority=0, destination="", destination_layout="path", deadline=None,
+                           pin_lifetime=None, state=RequestState.DONE, attempts=1, error_class="", last_error="",
+                           job_id=None, job_rank=0, created_at=finished, updated_at=finished,
+                           submitted_at=finished, started_at=finished, finished_at=finished)
+                yield tuple(row[c] for c in columns)
 
     db.insert_rows(RestoreRequest, columns, rows(), ids=False)
     RestoreRequest.objects.filter(user=user, state=RequestState.QUEUED).update(
