@@ -69,3 +69,19 @@ def unknown_record(*, group_id, name, now):
                 UnknownActivity.objects.create(group_id=group_id, name=name, first_seen=now, last_seen=now)
         except IntegrityError:
             pass  # another process recorded it first
+
+
+def unknown_adopt(unknown):
+    """Add the UnknownActivity rows `unknown` to the table, each with its group's default
+    priority and weight (the operator then edits them); returns how many rows were added."""
+    rows = table()
+    added = 0
+    for entry in unknown:
+        if (entry.group_id, entry.name) in rows:
+            continue
+        default = setting(rows, entry.group_id, DEFAULT_ACTIVITY)
+        Activity.objects.create(group_id=entry.group_id, name=entry.name, priority=default.priority,
+                                weight=default.weight)
+        rows[(entry.group_id, entry.name)] = (default.priority, default.weight)
+        added += 1
+    return added
