@@ -163,3 +163,40 @@ def test_one_activity_per_group_leaves_the_sharing_policys_weights_as_they_are()
     lanes = [Lane(1, "default"), Lane(2, "default"), Lane(3, "default")]
     assert lane_weights(lanes, user_weights, group_of, {1, 2, 3}) == pytest.approx(
         {(1, "default"): 0.2, (2, "default"): 0.3, (3, "default"): 0.5})
+
+
+# The usage report ----------------------------------------------------------------------------------
+
+def test_the_usage_report_breaks_figures_down_by_activity(alice, charlie, operator, analysis, now):
+    from datetime import timedelta
+
+    from carousel.loop.cycle import run_cycle
+    from carousel.models import Control
+    from tests.conftest import client_for
+    from tests.test_loop import ScriptedStager
+
+    t0 = (now - timedelta(days=1)).replace(hour=10, minute=0, second=0, microsecond=0)
+    Activity.objects.create(group=None, name="Express", priority=1, weight=3)
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 100})
+    stager = ScriptedStager()
+    stager.missing = {"/c/9"}
+    restore_submit(user=alice, now=t0, paths=["/a/1", "/a/2", "/a/3"], activity="Express")
+    restore_submit(user=charlie, now=t0, paths=["/c/1", "/c/9"])
+    run_cycle(now=t0, stager=stager)
+    run_cycle(now=t0 + timedelta(seconds=100), stager=stager)
+    params = {"since": (t0 - timedelta(hours=1)).isoformat(), "until": (t0 + timedelta(hours=3)).isoformat(),
+              "by": "activity"}
+
+    report = client_for(operator).get("/api/v1/usage/", params).json()
+
+    lines = {line["name"]: line for line in report["lines"]}
+    assert set(lines) == {"Express", "default"}
+    assert (lines["Express"]["requested_files"], lines["Express"]["restored_files"]) == (3, 3)
+    assert (lines["default"]["requested_files"], lines["default"]["restored_files"]) == (2, 1)
+    assert lines["default"]["failed"]["permanent"] == 1
+    assert lines["Express"]["drive_s"] > 0 and lines["default"]["drive_s"] > 0
+    assert lines["Express"]["drive_share"] + lines["default"]["drive_share"] == pytest.approx(1)
+    own = client_for(alice).get("/api/v1/usage/", params).json()
+    assert [line["name"] for line in own["lines"]] == ["Express"]
+    csv_text = client_for(operator).get("/api/v1/usage/csv/", params).content.decode()
+    assert "Express" in csv_text
