@@ -14,9 +14,10 @@ from itertools import groupby
 from django.db.models import Count, Sum
 
 from carousel.domain import activities
+from carousel.domain.selectors import activities as activity_reads
 from carousel.infra import db, plugins
 from carousel.models import (
-    IN_FLIGHT_STATES, Account, GroupShare, Job, RestoreRequest, Tape, TapeBacklog, UserBacklog,
+    IN_FLIGHT_STATES, Account, GroupShare, RestoreRequest, Tape, TapeBacklog, UserBacklog,
 )
 
 from .sharing import GroupLimit, UserDemand
@@ -182,16 +183,7 @@ def held_drive_time(users):
 def held_lane_time(users):
     """(user, activity) -> held_drive_time's figure per activity, for the users `users` (the
     lanes with nothing planned or on the drives left out)."""
-    held = defaultdict(float)
-    rows = list(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES, job__isnull=False, user_id__in=list(users))
-                .order_by().values_list("user_id", "activity", "job_id").annotate(n=Count("id")))
-    estimates = dict((j, (e, f)) for j, e, f in Job.objects.filter(id__in={j for _, _, j, _ in rows})
-                     .values_list("id", "estimate_s", "files"))
-    for user, activity, job, n in rows:
-        estimate, files = estimates.get(job, (0.0, 0))
-        if files:
-            held[(user, activity)] += estimate * min(1.0, n / files)
-    return held
+    return activity_reads.held_drive_time(users)
 
 
 @dataclass

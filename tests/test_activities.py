@@ -200,3 +200,32 @@ def test_the_usage_report_breaks_figures_down_by_activity(alice, charlie, operat
     assert [line["name"] for line in own["lines"]] == ["Express"]
     csv_text = client_for(operator).get("/api/v1/usage/csv/", params).content.decode()
     assert "Express" in csv_text
+
+
+# /metrics and the live page ---------------------------------------------------------------------------
+
+def test_metrics_and_the_live_page_show_work_per_activity(alice, charlie, analysis, now, client):
+    from carousel.loop.cycle import run_cycle
+    from carousel.models import Control
+    from tests.test_loop import ScriptedStager
+    from tests.test_metrics import scrape, value
+
+    Activity.objects.create(group=None, name="Express", priority=1, weight=3)
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 100})
+    stager = ScriptedStager()
+    stager.answer = "staging"
+    restore_submit(user=alice, now=now, paths=["/a/1", "/a/2", "/a/3"], activity="Express")
+    restore_submit(user=charlie, now=now, paths=["/c/1"])
+    run_cycle(now=now, stager=stager)
+    assert RestoreRequest.objects.filter(state__in=["submitted", "staging"]).count() == 4
+
+    samples, types = scrape(REMOTE_ADDR="127.0.0.1")
+
+    assert types["carousel_activity_requests_in_flight"] == "gauge"
+    assert value(samples, "carousel_activity_requests_in_flight", activity="Express") == 3
+    assert value(samples, "carousel_activity_requests_in_flight", activity="default") == 1
+    assert value(samples, "carousel_activity_drive_seconds_held", activity="Express") > 0
+
+    client.force_login(alice)
+    html = client.get("/live/fragment/").content.decode()
+    assert "Work per activity" in html and "Express" in html
