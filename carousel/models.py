@@ -338,6 +338,10 @@ class Activity(models.Model):
     def __str__(self):
         return f"{self.name} ({self.group or 'every group'})"
 
+    def clean(self):
+        # Clients' names are looked up stripped (carousel/domain/activities.py).
+        self.name = (self.name or "").strip()
+
 
 class UnknownActivity(models.Model):
     """An activity clients sent that no Activity row names for the group: its requests got the

@@ -7,7 +7,7 @@ from carousel.sim.workload import WorkloadError, parse
 from carousel.tape import GB
 
 
-def tapes_of(prefix, count, files=8):
+def tapes_of(prefix, count, files=3):
     return [{"label": f"{prefix}{t:02d}", "media": "LTO-8", "used_bytes": 11_000 * GB,
              "files": [[f"/{prefix}/T{t}/f{i}", 4 * GB, i * 50 * GB] for i in range(files)]} for t in range(count)]
 
