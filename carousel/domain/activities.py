@@ -61,7 +61,8 @@ def unknown_record(*, group_id, name, now):
     last = _recorded.get(key)
     if last is not None and time.monotonic() - last < RECORD_EVERY_S:
         return
-    _recorded[key] = time.monotonic()
+    # Remembered once the submission commits: a rolled-back one leaves nothing recorded.
+    transaction.on_commit(lambda: _recorded.__setitem__(key, time.monotonic()))
     updated = UnknownActivity.objects.filter(group_id=group_id, name=name).update(last_seen=now)
     if not updated:
         try:
