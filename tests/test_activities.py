@@ -229,3 +229,16 @@ def test_metrics_and_the_live_page_show_work_per_activity(alice, charlie, analys
     client.force_login(alice)
     html = client.get("/live/fragment/").content.decode()
     assert "Work per activity" in html and "Express" in html
+
+
+def test_an_unknown_activity_is_written_once_an_hour_not_per_submission(alice, now, django_capture_on_commit_callbacks):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with django_capture_on_commit_callbacks(execute=True):
+        restore_submit(user=alice, paths=["/data/a"], now=now, activity="Mystery")
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(execute=True):
+        restore_submit(user=alice, paths=["/data/b"], now=now, activity="Mystery")
+
+    assert not [q for q in queries.captured_queries if "carousel_unknownactivity" in q["sql"]]
+    assert UnknownActivity.objects.get().name == "Mystery"
