@@ -2,6 +2,7 @@
 policy, through carousel/sim/replay.py, on small synthetic workloads."""
 import pytest
 
+from carousel.loop.mounts import MOUNTS_AHEAD
 from carousel.sim.replay import replay_broker, report
 from carousel.sim.workload import WorkloadError, parse
 from carousel.tape import GB
@@ -40,7 +41,7 @@ def test_two_activities_of_one_user_get_drive_time_by_their_weights(db):
 
 
 def test_a_priority_2_activitys_files_go_before_a_priority_0_backlog_of_the_group(db):
-    tapes = tapes_of("BK", 30) + tapes_of("UR", 6)
+    tapes = tapes_of("BK", 30) + tapes_of("UR", 8)
     arrive = 600.0
     requests = [{"t": 0, "user": "bulk", "path": p, "activity": "Bulk"} for p in every_file(tapes, "BK")]
     requests += [{"t": arrive, "user": "express", "path": p, "activity": "Urgent"} for p in every_file(tapes, "UR")]
@@ -49,18 +50,22 @@ def test_a_priority_2_activitys_files_go_before_a_priority_0_backlog_of_the_grou
                        users={"bulk": {"group": "atlas"}, "express": {"group": "atlas"}},
                        requests=requests, tapes=tapes))
 
-    outcome = replay_broker(w, control={"files_per_job": 50})
+    # Jobs of 3 files: the urgent user soon has a job's worth in flight, so their mounts are
+    # not an analyst's short ones (which go first whatever the activity); a window of 4 jobs:
+    # the backlog waits in the broker, where the turns can still put the urgent files first.
+    outcome = replay_broker(w, control={"files_per_job": 3, "jobs_in_flight": 4})
 
     urgent_done = max(r[2] for r in outcome.requests if r[0] == "express")
     bulk_done = max(r[2] for r in outcome.requests if r[0] == "bulk")
     assert urgent_done < bulk_done
     # Once the urgent files are in, the drives mount only their tapes until they are read, but
-    # for the one mount per drive the plan had laid out already (MOUNTS_AHEAD).
+    # for the mounts the plan had laid out already (MOUNTS_AHEAD: the current and the next one
+    # per drive).
     bulk_mounts = [s for s in outcome.library.segments
                    if s.phase == "fetch" and s.tape.startswith("BK") and arrive < s.start < urgent_done]
-    assert len(bulk_mounts) <= sum(w.drives.values())
+    assert len(bulk_mounts) <= MOUNTS_AHEAD * sum(w.drives.values())
     urgent_mounts = [s for s in outcome.library.segments if s.phase == "fetch" and s.tape.startswith("UR")]
-    assert len(urgent_mounts) == 6
+    assert len(urgent_mounts) == 8
 
 
 def test_a_workload_without_activities_stays_valid_and_reports_none():
