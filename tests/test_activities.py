@@ -242,3 +242,10 @@ def test_an_unknown_activity_is_written_once_an_hour_not_per_submission(alice, n
 
     assert not [q for q in queries.captured_queries if "carousel_unknownactivity" in q["sql"]]
     assert UnknownActivity.objects.get().name == "Mystery"
+
+
+def test_the_tape_rest_door_refuses_an_activity_that_is_not_a_name(as_alice, alice):
+    body = {"files": [{"path": "/data/t0", "targetedMetadata": {"default": {"activity": "bad\nname"}}}]}
+    r = as_alice.post("/api/tape-rest/v1/stage", body, format="json")
+    assert r.status_code == 400 and "activity" in r.json()["detail"], r.content
+    assert not RestoreRequest.objects.exists()
