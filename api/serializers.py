@@ -60,6 +60,11 @@ class SubmitSerializer(StrictSerializer):
                                   help_text="Your own name for the submission (list bulks with ?label=).")
     on_behalf_of = serializers.CharField(required=False, allow_blank=True, default="", max_length=150,
                                          help_text="Service accounts only: the user the request is for.")
+    activity = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=128,
+        help_text="The activity the files are for (as FTS sends it, e.g. \"Express\"): the site's activity "
+                  "table gives it a priority and a share of your group's drive time; a name the table does "
+                  "not know gets your group's default (and is listed for the operators).")
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -104,7 +109,7 @@ class RequestSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RestoreRequest
-        fields = ["id", "path", "user", "state", "priority", "size", "tape", "position", "destination", "disk_path",
+        fields = ["id", "path", "user", "state", "priority", "activity", "size", "tape", "position", "destination", "disk_path",
                   "deadline", "pin_lifetime", "attempts", "error_class", "last_error", "job",
                   "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at"]
         read_only_fields = fields
@@ -131,7 +136,7 @@ def request_list_values(queryset):
                  for name in _REQUEST_DATES}
     else:
         dates = {f"shown_{name}": F(name) for name in _REQUEST_DATES}
-    return queryset.values("id", "path", "user__username", "state", "priority", "size", "tape__label", "position",
+    return queryset.values("id", "path", "user__username", "state", "priority", "activity", "size", "tape__label", "position",
                            "destination", "staged_path", "pin_lifetime", "attempts", "error_class", "last_error",
                            "job_id", **dates)
 
@@ -155,6 +160,7 @@ def request_list_data(rows):
         "user": row["user__username"],
         "state": row["state"],
         "priority": row["priority"],
+        "activity": row["activity"],
         "size": row["size"],
         "tape": row["tape__label"],
         "position": row["position"],

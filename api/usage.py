@@ -16,7 +16,7 @@ DEFAULT_DAYS = 7
 PARAMS = [
     OpenApiParameter("since", OpenApiTypes.DATETIME, description="start (ISO 8601; default: 7 days before until)"),
     OpenApiParameter("until", OpenApiTypes.DATETIME, description="end, excluded (default: now)"),
-    OpenApiParameter("by", OpenApiTypes.STR, enum=list(usage.BY), description="lines per user (default) or group"),
+    OpenApiParameter("by", OpenApiTypes.STR, enum=list(usage.BY), description="lines per user (default), group or activity"),
 ]
 
 

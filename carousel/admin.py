@@ -372,3 +372,44 @@ class WlcgIdentityAdmin(ChecksSelection, admin.ModelAdmin):
     list_display = ["subject", "issuer", "user", "created_at"]
     search_fields = ["subject", "issuer", "user__username"]
     raw_id_fields = ["user"]
+
+
+from carousel.models import Activity, UnknownActivity  # noqa: E402 - activities (issue 23)
+
+
+@admin.register(Activity)
+class ActivityAdmin(ChecksSelection, admin.ModelAdmin):
+    """The activity table: what each activity clients send means for its group's requests (the
+    priority they get and the activity's weight in the group's share of drive time)."""
+    list_display = ["name", "group", "priority", "weight"]
+    list_editable = ["priority", "weight"]
+    list_filter = ["group", "priority"]
+    search_fields = ["name", "group__name"]
+
+
+@admin.register(UnknownActivity)
+class UnknownActivityAdmin(ChecksSelection, admin.ModelAdmin):
+    """Activities clients sent that the table does not name for their group: their requests got
+    the group's default. Adding one to the table applies to its later submissions."""
+    list_display = ["name", "group", "first_seen", "last_seen", "in_table"]
+    list_filter = ["group"]
+    search_fields = ["name", "group__name"]
+    readonly_fields = ["name", "group", "first_seen", "last_seen"]
+    actions = ["add_to_table"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(boolean=True, description="in the table now")
+    def in_table(self, obj):
+        from django.db.models import Q
+
+        return Activity.objects.filter(Q(group__isnull=True) | Q(group_id=obj.group_id), name=obj.name).exists()
+
+    @admin.action(description="Add to the activity table (the group's default priority and weight)",
+                  permissions=["change"])
+    def add_to_table(self, request, queryset):
+        from carousel.domain import activities
+
+        added = activities.unknown_adopt(queryset)
+        self.message_user(request, f"{added} activities added to the table: edit their priority and weight there.")

@@ -302,6 +302,71 @@ class GroupShare(models.Model):
         return f"share of {self.group}"
 
 
+# The activity a request names when it names none, or one its group's table does not know.
+DEFAULT_ACTIVITY = "default"
+
+
+class Activity(models.Model):
+    """What an activity (FTS's and Rucio's `activity`, the native API's and the CLI's) means to
+    the scheduler: the priority its requests get and its weight in its group's share of drive
+    time. A row names a group, or none: then it applies to every group without its own row of
+    that name. The row named "default" is what a request without an activity, or with one no row
+    names, gets (carousel/domain/activities.py)."""
+
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="activities",
+                              help_text="Empty: every group that has no row of this name.")
+    name = models.CharField(max_length=128, help_text=f'As clients send it (e.g. "Express", "Staging"); '
+                                                      f'"{DEFAULT_ACTIVITY}": the group\'s default.')
+    priority = models.PositiveSmallIntegerField(
+        default=0, validators=[MaxValueValidator(3)],
+        help_text="0 to 3; within a group, the activities of the highest priority with work take its whole share.")
+    weight = models.FloatField(default=1.0, validators=[MinValueValidator(1e-6), MaxValueValidator(1e6)],
+                               help_text="Its part of the group's drive time against the group's other activities "
+                                         "of the same priority with work.")
+
+    class Meta:
+        verbose_name_plural = "activities"
+        ordering = ["group__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["group", "name"], condition=Q(group__isnull=False),
+                                    name="activity_group_name"),
+            models.UniqueConstraint(fields=["name"], condition=Q(group__isnull=True), name="activity_global_name"),
+            models.CheckConstraint(condition=Q(weight__gt=0, weight__lte=1e6), name="activity_weight_positive"),
+            models.CheckConstraint(condition=Q(priority__lte=3), name="activity_priority_0_to_3"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.group or 'every group'})"
+
+    def clean(self):
+        # Clients' names are looked up stripped (carousel/domain/activities.py).
+        self.name = (self.name or "").strip()
+
+
+class UnknownActivity(models.Model):
+    """An activity clients sent that no Activity row names for the group: its requests got the
+    group's default. Listed for the operator, who may add it to the table; recorded at most once
+    an hour per (group, name) and process (carousel/domain/activities.py), not per request."""
+
+    group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=128)
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "unknown activities"
+        ordering = ["-last_seen"]
+        constraints = [
+            models.UniqueConstraint(fields=["group", "name"], condition=Q(group__isnull=False),
+                                    name="unknownactivity_group_name"),
+            models.UniqueConstraint(fields=["name"], condition=Q(group__isnull=True),
+                                    name="unknownactivity_ungrouped_name"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.group or 'no group'})"
+
+
 class Tape(models.Model):
     label = models.CharField(max_length=64, unique=True)
     media = models.CharField(max_length=32, blank=True)
@@ -461,9 +526,12 @@ class Bulk(models.Model):
     submitter = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                   related_name="+", db_index=False)
     # The Tape REST door's targetedMetadata as sent (Rucio's "default" and this site's key), and
-    # the activity named there, kept for reports.
+    # the activity named there or in the native API, as sent.
     metadata = models.JSONField(default=dict, blank=True)
     activity = models.CharField(max_length=128, blank=True)
+    # The activity its requests draw on: `activity` if the Activity table names it for the
+    # group, else "default" (carousel/domain/activities.py); the intake's move copies it.
+    resolved_activity = models.CharField(max_length=128, default=DEFAULT_ACTIVITY, db_default=DEFAULT_ACTIVITY)
     # A big submission's new files wait in the intake (Intake rows) until the mover queues
     # them, with the options below, moments after the answer (carousel/domain/intake.py).
     pending = models.PositiveIntegerField(default=0, help_text="New files still in the intake, not yet queued.")
@@ -580,6 +648,9 @@ class RestoreRequest(models.Model):
                              db_index=False)
     position = models.BigIntegerField(null=True, blank=True)
     priority = models.PositiveSmallIntegerField(default=0)
+    # The activity whose share of its group's drive time the request draws on: a name of the
+    # Activity table, or "default" (unknown names are resolved at submission).
+    activity = models.CharField(max_length=128, default=DEFAULT_ACTIVITY, db_default=DEFAULT_ACTIVITY)
     # A directory: the file is delivered under it (carousel/domain/paths.py, delivery_target).
     destination = models.TextField(blank=True)
     # db_default: added without rewriting the table.
@@ -673,6 +744,10 @@ class RestoreRequest(models.Model):
             models.Index(fields=["tape", "created_at"], name="request_ready_tape_age", condition=READY),
             models.Index(fields=["user", "-priority", "created_at"], name="request_ready_user_priority",
                          condition=READY & Q(priority__gt=0)),
+            # A user's queue per activity (policies/selection.py: which activities a user has
+            # ready, each one's oldest).
+            models.Index(fields=["user", "activity", "created_at", "id"], name="request_ready_lane_age",
+                         condition=READY),
         ]
 
     def __str__(self):

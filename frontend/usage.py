@@ -16,7 +16,8 @@ class PeriodForm(forms.Form):
     since = forms.DateField(required=False, label="From (UTC day)", widget=forms.DateInput(attrs={"type": "date"}))
     until = forms.DateField(required=False, label="To (UTC day, included)",
                             widget=forms.DateInput(attrs={"type": "date"}))
-    by = forms.ChoiceField(choices=[("user", "per user"), ("group", "per group")], required=False, label="Lines")
+    by = forms.ChoiceField(choices=[("user", "per user"), ("group", "per group"), ("activity", "per activity")],
+                           required=False, label="Lines")
 
     def clean_since(self):
         return _in_range(self.cleaned_data["since"])

@@ -13,16 +13,18 @@ from itertools import groupby
 
 from django.db.models import Count, Sum
 
+from carousel.domain import activities
+from carousel.domain.selectors import activities as activity_reads
 from carousel.infra import db, plugins
 from carousel.models import (
-    IN_FLIGHT_STATES, Account, GroupShare, Job, RestoreRequest, Tape, TapeBacklog, UserBacklog,
+    IN_FLIGHT_STATES, Account, GroupShare, RestoreRequest, Tape, TapeBacklog, UserBacklog,
 )
 
 from .sharing import GroupLimit, UserDemand
 from .sorting import Candidate, Params, TapeInfo
-from .turns import ReadyWork
+from .turns import Lane, ReadyWork
 
-_COLUMNS = "id, user_id, tape_id, position, size, priority, created_at, group_id"
+_COLUMNS = "id, user_id, tape_id, position, size, priority, created_at, group_id, activity"
 # Requests on a quarantined tape wait: no retries against a bad cartridge (few tapes are).
 _NOT_QUARANTINED = "tape_id NOT IN (SELECT id FROM carousel_tape WHERE quarantined_at IS NOT NULL)"
 _READY = f"state = 'queued' AND tape_id IS NOT NULL AND {_NOT_QUARANTINED}"
@@ -43,6 +45,16 @@ USER_ON_TAPE_SQL = ("SELECT user_id, tape_id, files FROM carousel_tapebacklog WH
                     "AND files > 0 LIMIT {n}")
 ON_TAPE_SQL = (f"SELECT {_COLUMNS} FROM carousel_restorerequest WHERE user_id = {{a}} AND tape_id = {{b}} "
                f"AND {_READY} ORDER BY position LIMIT {{n}}")
+
+
+# A user's queue of one activity (a lane, policies/turns.py): the same reads, narrowed to it.
+LANE_POOL_SQL = {name: sql.replace("user_id = {a}", "user_id = {a} AND activity = {b}")
+                 for name, sql in POOL_SQL.items()}
+LANE_ON_TAPE_SQL = ON_TAPE_SQL.replace("AND tape_id = {b}", "AND tape_id = {b} AND activity = {c}")
+# The next activity (by name) a user has ready work of: one probe of request_ready_lane_age.
+NEXT_ACTIVITY_SQL = ("SELECT user_id, activity FROM carousel_restorerequest WHERE user_id = {a} AND activity > {b} "
+                     "AND state = 'queued' AND tape_id IS NOT NULL ORDER BY activity LIMIT {n}")
+TEXT_KEY = ("bigint", "text", "bigint")
 
 
 def sort_policy(name):
@@ -93,7 +105,28 @@ def ready_work(*, now, control, sort, share):
     limits = _limits(backlog, control) if backlog else _Limits(group={}, user_room={}, group_limits={}, in_flight={})
     demands, groups = _demands(backlog, limits)
     return QueuedWork(demands=demands, groups=groups, in_flight=limits.in_flight, files_per_job=control.files_per_job,
-                      share=share, whole_tapes=sort.whole_tapes, now=now, sort=sort, params=params_from(control))
+                      share=share, whole_tapes=sort.whole_tapes, now=now, sort=sort, params=params_from(control),
+                      lanes=_lanes(backlog, limits.group))
+
+
+def _lanes(backlog, group_of):
+    """{user: [Lane]}: the activities each user with a backlog has ready work of, with their
+    weight and priority for the user's group. Read by skipping along request_ready_lane_age
+    (one probe per user and activity, a round per activity), never by counting the queue."""
+    found = defaultdict(list)
+    last = dict.fromkeys(backlog, "")
+    while last:
+        rows = db.lateral(NEXT_ACTIVITY_SQL, [(user, name, 1) for user, name in sorted(last.items())], TEXT_KEY)
+        last = {}
+        for user, name in rows:
+            found[user].append(name)
+            last[user] = name
+    table = activities.table()
+    lanes = {}
+    for user, names in found.items():
+        settings = [activities.setting(table, group_of.get(user), name) for name in names]
+        lanes[user] = [Lane(user, name, s.weight, s.priority) for name, s in zip(names, settings)]
+    return lanes
 
 
 class QueuedWork(ReadyWork):
@@ -106,14 +139,27 @@ class QueuedWork(ReadyWork):
         self.complete = set()  # tapes whose user_files hold every user's count
 
     def held_drive_time(self, users):
-        return held_drive_time(users)
+        held = held_lane_time(users)
+        return {user: sum(s for (u, _), s in held.items() if u == user) for user in users}
+
+    def held_lane_time(self, keys):
+        held = held_lane_time({user for user, _ in keys})
+        return {key: held.get(key, 0.0) for key in keys}
 
     def runs(self, allotments):
-        pools = _gather(allotments, self.sort, self.now, self.tapes)
+        return {user: runs for (user, _), runs in
+                self.lane_runs({(user, ""): n for user, n in allotments.items()}).items()}
+
+    def lane_runs(self, allotments):
+        """Per lane; activity "" (or a user's only lane): the user's whole queue."""
+        several = {user for user, lanes in self.lanes.items() if len(lanes) > 1}
+        pools = _gather({(u, a if u in several else ""): n for (u, a), n in allotments.items()},
+                        self.sort, self.now, self.tapes)
         runs = {}
-        for user, n in sorted(allotments.items()):
-            chosen = self.sort.choose(pools.get(user, []), self.tapes, n, self.params)
-            runs[user] = [list(run) for _, run in groupby(chosen, key=lambda c: c.tape)]
+        for (user, activity), n in sorted(allotments.items()):
+            pool = pools.get((user, activity if user in several else ""), [])
+            chosen = self.sort.choose(pool, self.tapes, n, self.params)
+            runs[(user, activity)] = [list(run) for _, run in groupby(chosen, key=lambda c: c.tape)]
         return runs
 
     def every_user_on(self, tape):
@@ -129,15 +175,15 @@ def held_drive_time(users):
     job's estimate, shared by its in-flight requests (a sent job counts only what it has left,
     a file two users asked for is charged to both). Aggregated in the database by (user, job)."""
     held = dict.fromkeys(users, 0.0)
-    rows = list(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES, job__isnull=False, user_id__in=list(users))
-                .order_by().values_list("user_id", "job_id").annotate(n=Count("id")))
-    estimates = dict((j, (e, f)) for j, e, f in Job.objects.filter(id__in={j for _, j, _ in rows})
-                     .values_list("id", "estimate_s", "files"))
-    for user, job, n in rows:
-        estimate, files = estimates.get(job, (0.0, 0))
-        if files:
-            held[user] += estimate * min(1.0, n / files)
+    for (user, _), seconds in held_lane_time(users).items():
+        held[user] += seconds
     return held
+
+
+def held_lane_time(users):
+    """(user, activity) -> held_drive_time's figure per activity, for the users `users` (the
+    lanes with nothing planned or on the drives left out)."""
+    return activity_reads.held_drive_time(users)
 
 
 @dataclass
@@ -192,42 +238,58 @@ def _aware(moment):
 
 def _candidates(rows, now):
     return [Candidate(id=r[0], user=r[1], tape=r[2], position=r[3] or 0, size=r[4] or 0, priority=r[5],
-                      age_s=(now - _aware(r[6])).total_seconds(), group=r[7]) for r in rows]
+                      age_s=(now - _aware(r[6])).total_seconds(), group=r[7], activity=r[8]) for r in rows]
 
 
 def _gather(allotments, sort, now, tapes):
-    """Each user's candidate pool, bounded by the allotment: the pools the policy asks for,
-    then the user's requests on the tapes those pools point at."""
-    keys = sorted(allotments.items())
+    """Each lane's candidate pool, bounded by the allotment: the pools the policy asks for,
+    then the lane's requests on the tapes those pools point at. `allotments`: {(user,
+    activity): n}; activity "": the user's whole queue."""
+    whole = sorted((user, n) for (user, activity), n in allotments.items() if not activity)
+    narrow = sorted((user, activity, n) for (user, activity), n in allotments.items() if activity)
+
+    def lane(c):
+        return (c.user, c.activity) if (c.user, c.activity) in allotments else (c.user, "")
+
     pools = defaultdict(dict)
     for name in POOL_SQL:
         if name in sort.pools:
-            for c in _candidates(db.lateral(POOL_SQL[name], keys), now):
-                pools[c.user][c.id] = c
-    wanted = defaultdict(list)  # user -> tapes to read their requests from, in order
+            for c in _candidates(db.lateral(POOL_SQL[name], whole) + db.lateral(LANE_POOL_SQL[name], narrow, TEXT_KEY),
+                                 now):
+                pools[lane(c)][c.id] = c
+    wanted = defaultdict(list)  # lane -> tapes to read its requests from, in order
     if "top_tapes" in sort.pools:
-        for user, tape, files in db.lateral(TOP_TAPES_SQL, keys):
-            wanted[user].append((tape, files))
+        # The user's tapes with most files, whatever their activities: a lane reads its own on them.
+        users = sorted({(user, n) for (user, _), n in allotments.items()})
+        top = defaultdict(list)
+        for user, tape, files in db.lateral(TOP_TAPES_SQL, users):
+            top[user].append((tape, files))
+        for key in allotments:
+            wanted[key] = list(top[key[0]])
     if "oldest_tapes" in sort.pools:
-        for user, pool in pools.items():
+        for key, pool in pools.items():
             for c in sorted(pool.values(), key=lambda c: -c.age_s):
-                wanted[user].append((c.tape, None))
-    triples = []
-    for user, n in keys:
+                wanted[key].append((c.tape, None))
+    triples, quads = [], []
+    for (user, activity), n in sorted(allotments.items()):
         seen, covered = set(), 0
-        for tape, files in wanted.get(user, []):
+        for tape, files in wanted.get((user, activity), []):
             if tape in seen:
                 continue
             seen.add(tape)
-            triples.append((user, tape, n))
+            if activity:
+                quads.append((user, tape, activity, n))
+            else:
+                triples.append((user, tape, n))
             covered += files if files is not None else 1
             if covered >= n:
                 break  # enough files on these tapes to fill the allotment
-    for c in _candidates(db.lateral(ON_TAPE_SQL, triples), now):
-        pools[c.user][c.id] = c
+    for c in _candidates(db.lateral(ON_TAPE_SQL, triples)
+                         + db.lateral(LANE_ON_TAPE_SQL, quads, ("bigint", "bigint", "text", "bigint")), now):
+        pools[lane(c)][c.id] = c
     pairs = {(c.user, c.tape) for pool in pools.values() for c in pool.values()}
     _tape_info({t for _, t in pairs} - set(tapes), now, tapes, pairs)
-    return {user: list(pool.values()) for user, pool in pools.items()}
+    return {key: list(pool.values()) for key, pool in pools.items()}
 
 
 def _tape_info(new_tapes, now, tapes, pairs):

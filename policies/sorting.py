@@ -17,6 +17,7 @@ class Candidate:
     priority: int
     age_s: float  # how long it has been queued
     group: int | None = None  # the group whose share the request draws on
+    activity: str = ""  # the activity whose share of the group it draws on (policies/turns.py, Lane)
 
 
 @dataclass(frozen=True)

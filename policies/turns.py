@@ -7,11 +7,31 @@ A turn policy works on plain data, a ReadyWork: the selection step (policies/sel
 reads it from the database, and answers the few questions a policy can only ask once it has
 picked (whose queues to read, who else waits on a tape)."""
 import heapq
-from collections import deque
+from collections import defaultdict, deque
+from dataclasses import dataclass
 
 from carousel.tape import MEDIA, mount_profile
 
 from .sorting import in_read_order
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One user's ready requests of one activity: the unit that takes turns. `weight` and
+    `priority` are the activity's for the user's group (carousel/domain/activities.py)."""
+    user: int
+    activity: str = ""
+    weight: float = 1.0
+    priority: int = 0
+
+    @property
+    def key(self):
+        return self.user, self.activity
+
+
+def lane_of(candidate):
+    """The lane key (user, activity) of a Candidate."""
+    return candidate.user, candidate.activity or ""
 
 
 class ReadyWork:
@@ -26,20 +46,41 @@ class ReadyWork:
     files_per_job: N, the files of one job;
     share: the active SharePolicy (allocate(), drive_weights());
     whole_tapes: the sorting policy keeps a user's files on a tape together;
-    tapes: {tape id: TapeInfo} of every tape runs() returned a request on."""
+    tapes: {tape id: TapeInfo} of every tape runs() returned a request on;
+    lanes: {user id: [Lane]}, the activities each user has ready work of (a user not in it: one
+        lane, activity "").
 
-    def __init__(self, *, demands, groups, in_flight, files_per_job, share, whole_tapes):
+    A ReadyWork without lanes need only write held_drive_time() and runs(); one with lanes
+    writes held_lane_time() and lane_runs() too."""
+
+    def __init__(self, *, demands, groups, in_flight, files_per_job, share, whole_tapes, lanes=None):
         self.demands = demands
         self.groups = groups
         self.in_flight = in_flight
         self.files_per_job = files_per_job
         self.share = share
         self.whole_tapes = whole_tapes
+        self.lanes = lanes or {}
         self.tapes = {}
+
+    def lanes_of(self, user):
+        return self.lanes.get(user) or [Lane(user)]
 
     def held_drive_time(self, users):
         """{user id: the estimated drive time (s) of their requests planned or on the drives}."""
         raise NotImplementedError
+
+    def held_lane_time(self, keys):
+        """{(user, activity): the estimated drive time (s) of that lane's requests planned or on
+        the drives}, for the lane keys `keys`."""
+        held = self.held_drive_time({user for user, _ in keys})
+        return {(user, activity): held.get(user, 0.0) for user, activity in keys}
+
+    def lane_runs(self, allotments):
+        """runs() per lane: {(user, activity): up to allotments[(user, activity)] of the lane's
+        ready requests, in runs of one tape}."""
+        by_user = self.runs({user: n for (user, _), n in allotments.items()})
+        return {key: by_user[key[0]] for key in allotments if by_user.get(key[0])}
 
     def runs(self, allotments):
         """{user id: up to allotments[user] of their ready requests, in the sorting policy's
@@ -110,45 +151,59 @@ class FairTurns(TurnPolicy):
             able = [d for d in able if work.in_flight.get(d.user, 0) < work.files_per_job]
             if not able:
                 return []
-        weights = work.share.drive_weights(able, work.groups)
-        held = work.held_drive_time([d.user for d in able])
+        user_weights = work.share.drive_weights(able, work.groups)
         demand = {d.user: d for d in able}
+        group_of = {d.user: d.group for d in work.demands}
+        lanes = {lane.key: lane for d in able for lane in work.lanes_of(d.user)}
+        several = {user for user, _ in lanes if len(work.lanes_of(user)) > 1}
+        held = work.held_lane_time(sorted(lanes))
+        weights = lane_weights(list(lanes.values()), user_weights, group_of, demand)
 
-        def tag(user, seconds):
-            return self.tag(demand[user], seconds, weights.get(user, 0.0)), user
+        def tag(key, seconds):
+            return self.tag(demand[key[0]], seconds, weights.get(key, 0.0)), key
 
-        # How far into each user's queue to look: twice the file slots the sharing policy would
-        # grant them, and at least a job's worth (N files, so a whole tape of up to N files
-        # fits); and only for the users whose turn comes first, until their pools hold twice
-        # the slots. This keeps the pools, and the cycle's cost, in proportion to the slots, not
-        # to the users or their backlogs.
+        # How far into each lane's queue to look: twice the file slots the sharing policy would
+        # grant its user, and at least a job's worth (N files, so a whole tape of up to N files
+        # fits); and only for the lanes whose turn comes first (higher priorities first), until
+        # their pools hold twice the slots. This keeps the pools, and the cycle's cost, in
+        # proportion to the slots, not to the users or their backlogs.
         wanted, total = {}, 0
-        for d in sorted(able, key=lambda d: tag(d.user, held[d.user])):
+        for key in sorted(lanes, key=lambda k: (-lanes[k].priority, tag(k, held[k]))):
             if total >= 2 * slots:
                 break
-            wanted[d.user] = min(d.pending, d.room, slots, max(2 * grants.get(d.user, 0), work.files_per_job))
-            total += wanted[d.user]
-        runs = work.runs(wanted)
-        queues = {user: deque(runs[user]) for user in sorted(runs) if runs[user]}
-        held = {u: held[u] for u in queues}
+            d = demand[key[0]]
+            wanted[key] = min(d.pending, d.room, slots, max(2 * grants.get(d.user, 0), work.files_per_job))
+            total += wanted[key]
+        runs = work.lane_runs(wanted)
+        queues = {key: deque(runs[key]) for key in sorted(runs) if runs[key]}
+        # Within a group, the lanes of its highest activity priority that have something to mount
+        # take the group's whole share; the others wait until those have nothing left.
+        top = {}
+        for key in queues:
+            group = group_of[key[0]]
+            top[group] = max(top.get(group, 0), lanes[key].priority)
+        present = {key[0] for key in queues}
+        queues = {key: q for key, q in queues.items() if lanes[key].priority == top[group_of[key[0]]]}
+        weights = lane_weights([lanes[key] for key in queues], user_weights, group_of, present)
+        held = {key: held[key] for key in queues}
 
-        def turn(user):
-            return tag(user, held[user] + run_seconds(queues[user][0], work.tapes))
+        def turn(key):
+            return tag(key, held[key] + run_seconds(queues[key][0], work.tapes))
 
-        group_of = {d.user: d.group for d in work.demands}
         user_room = {d.user: d.room for d in work.demands}
         group_room = {g: limit.room for g, limit in work.groups.items()}
         chosen, allotments = [], {}
         taken = set()  # requests chosen already (as another user's riders)
-        heap = [turn(u) for u in queues]
+        heap = [turn(key) for key in queues]
         heapq.heapify(heap)
         remaining = slots
         while heap and remaining > 0:
-            _, user = heapq.heappop(heap)
-            run = [c for c in queues[user].popleft() if c.id not in taken]
+            _, key = heapq.heappop(heap)
+            user = key[0]
+            run = [c for c in queues[key].popleft() if c.id not in taken]
             if not run:
-                if queues[user]:
-                    heapq.heappush(heap, turn(user))
+                if queues[key]:
+                    heapq.heappush(heap, turn(key))
                 continue
             busy = work.in_flight.get(user, 0) + allotments.get(user, 0) + len(run) >= work.files_per_job
             if mounts is not None and busy and mounts <= 0:
@@ -159,7 +214,8 @@ class FairTurns(TurnPolicy):
             # tape, not only those its pool held (the pool may have been cut by the slots), as
             # far as the user's and group's caps would ever let them go together; and for the
             # other users' ready files on it, which ride along in the same mount (a tape two
-            # users want is mounted once, not once per user's turn, hours apart).
+            # users want is mounted once, not once per user's turn, hours apart). The user's own
+            # files of their other activities on it ride along too, charged to those activities.
             tape = run[0].tape
             need = len(run)
             if work.whole_tapes:
@@ -175,39 +231,81 @@ class FairTurns(TurnPolicy):
                 run = run[:fit]
             elif work.whole_tapes:
                 riders = _riders(work.every_user_on(tape), user, len(run), group_of, user_room, allotments,
-                                 group_room, remaining - len(run))
-            along = [c for c in work.on_tape(tape, riders) if c.id not in taken] if riders else []
+                                 group_room, remaining - len(run), own_too=user in several)
+            along = []
+            if riders:
+                mine = {c.id for c in run}
+                # The user's own riders are read after the run's files: ask for as many more.
+                asked = {**riders, user: riders[user] + len(run)} if user in riders else riders
+                along = [c for c in work.on_tape(tape, asked) if c.id not in taken and c.id not in mine]
+                if user in riders:
+                    own = [c for c in along if c.user == user][:riders[user]]
+                    along = [c for c in along if c.user != user] + own
             seconds = run_seconds(in_read_order([*run, *along], work.tapes) if along else run, work.tapes)
-            for who, theirs in [(user, run), *((u, [c for c in along if c.user == u]) for u in riders)]:
-                if not theirs:
-                    continue
+            parts = defaultdict(list)
+            parts[key] = list(run)
+            for c in along:
+                parts[lane_of(c)].append(c)
+            for lane, theirs in parts.items():
+                who = lane[0]
                 chosen.extend(theirs)
                 taken.update(c.id for c in theirs)
                 allotments[who] = allotments.get(who, 0) + len(theirs)
                 remaining -= len(theirs)
                 if group_of[who] in group_room:
                     group_room[group_of[who]] -= len(theirs)
-                # The mount's drive time is charged to its users by their files on it.
-                held[who] = held.get(who, 0.0) + seconds * len(theirs) / (len(run) + len(along))
+                # The mount's drive time is charged to its lanes by their files on it.
+                held[lane] = held.get(lane, 0.0) + seconds * len(theirs) / (len(run) + len(along))
             if mounts is not None and busy:
                 mounts -= 1
-            if queues[user]:
-                heapq.heappush(heap, turn(user))
+            if queues[key]:
+                heapq.heappush(heap, turn(key))
         return chosen
 
 
-def _riders(user_files, user, own, group_of, user_room, allotments, group_room, room):
-    """{other user: how many of their ready requests on the tape (`user_files`: user -> ready
+def lane_weights(lanes, user_weights, group_of, present):
+    """{(user, activity): weight} for `lanes`: each group's share (the sum of the sharing
+    policy's weights of its users in `present`) split between the group's activities among
+    `lanes` by the activities' weights, then each activity's part between the group's users
+    with work of it in proportion to their weights. With one activity per group it gives each
+    user their own weight: the sharing policy's split, unchanged."""
+    share = defaultdict(float)
+    for user in present:
+        share[group_of[user]] += user_weights.get(user, 0.0)
+    activity_weight, users_in = {}, defaultdict(float)
+    for lane in lanes:
+        place = group_of[lane.user], lane.activity
+        activity_weight[place] = lane.weight
+        users_in[place] += user_weights.get(lane.user, 0.0)
+    activities = defaultdict(float)
+    for (group, _), weight in activity_weight.items():
+        activities[group] += weight
+    weights = {}
+    for lane in lanes:
+        group = group_of[lane.user]
+        place = group, lane.activity
+        if users_in[place] > 0 and activities[group] > 0:
+            weights[lane.key] = (share[group] * activity_weight[place] / activities[group]
+                                 * user_weights.get(lane.user, 0.0) / users_in[place])
+        else:
+            weights[lane.key] = 0.0
+    return weights
+
+
+def _riders(user_files, user, own, group_of, user_room, allotments, group_room, room, own_too=False):
+    """{user: how many of their ready requests on the tape (`user_files`: user -> ready
     requests on it) go in `user`'s mount of it (`own` of theirs), within each one's cap, their
-    group's room and the `room` left in the cycle."""
+    group's room and the `room` left in the cycle. `own_too`: `user`'s other ready files on it
+    (their other activities') ride too."""
     riders = {}
     left = dict(group_room)
     if group_of[user] in left:
         left[group_of[user]] -= own
     for other, files in sorted(user_files.items()):
-        if other == user or other not in user_room:
+        if other not in user_room or (other == user and not own_too):
             continue
-        n = min(files, user_room[other] - allotments.get(other, 0), room)
+        mine = own if other == user else 0
+        n = min(files - mine, user_room[other] - allotments.get(other, 0) - mine, room)
         other_group = group_of[other]
         if other_group in left:
             n = min(n, left[other_group])

@@ -344,3 +344,17 @@ def test_an_unreadable_configuration_file_is_one_line(tmp_path, capsys, monkeypa
     ini.write_bytes(b"[carousel]\nurl = http://caf\xe9.test\n")
     assert client_cli.main(["ls"]) == client_api.EXIT_CONFIG
     assert lines_of(capsys.readouterr().err) == [f"carousel: cannot read {ini}: it is not UTF-8 text"]
+
+
+def test_submit_names_an_activity_and_the_requests_get_its_priority(carousel, alice):
+    from django.contrib.auth.models import Group
+
+    from carousel.models import Activity, RestoreRequest
+
+    Activity.objects.create(group=Group.objects.get(name="analysis"), name="Express", priority=2, weight=3)
+    code, out, err = run(carousel, alice, "submit", "/exp/act/a.root", "--activity", "Express", "--json")
+    assert code == 0, err
+    bulk = json.loads(out)["id"]
+    assert RestoreRequest.objects.filter(bulk_id=bulk).values_list("activity", "priority").get() == ("Express", 2)
+    code, out, err = run(carousel, alice, "submit", "--help")
+    assert code == 0 and "--activity NAME" in out

@@ -30,7 +30,8 @@ from carousel.models import ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, BulkItem, Int
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "destination", "destination_layout",
+COLUMNS = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "activity", "destination",
+           "destination_layout",
            "deadline", "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
            "created_at", "updated_at", "submitted_at", "started_at")
 
@@ -61,7 +62,7 @@ def queue_new(bulk, pairs, shared, now):
     joins that stage rather than reading the tape again). The direct path's writer; the move
     from the intake writes the same rows in SQL (_QUEUE_REST)."""
     common = (bulk.user_id, bulk.group_id, bulk.id)
-    options = (bulk.priority, bulk.destination or "", bulk.destination_layout, bulk.deadline, bulk.pin_lifetime)
+    options = (bulk.priority, bulk.resolved_activity, bulk.destination or "", bulk.destination_layout, bulk.deadline, bulk.pin_lifetime)
 
     def row(path, key):
         joined = shared.get(key)
@@ -115,7 +116,8 @@ _LIST_OWN = f"""
 _STAGED = f"f.state IN ({_states(IN_FLIGHT_STATES)})"
 _QUEUE_REST = f"""
     INSERT INTO {REQUESTS} ({", ".join(RestoreRequest._meta.get_field(c).column for c in COLUMNS)})
-    SELECT b.user_id, b.group_id, b.id, i.path, i.path_key, b.priority, COALESCE(b.destination, ''),
+    SELECT b.user_id, b.group_id, b.id, i.path, i.path_key, b.priority, b.resolved_activity,
+           COALESCE(b.destination, ''),
            b.destination_layout, b.deadline, b.pin_lifetime,
            CASE WHEN {_STAGED} THEN f.state ELSE '{RequestState.QUEUED}' END, 0, '', '',
            CASE WHEN {_STAGED} THEN f.job_id END, CASE WHEN {_STAGED} THEN f.job_rank ELSE 0 END,

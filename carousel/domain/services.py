@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
 
 from carousel.infra import db
-from carousel.domain import intake
+from carousel.domain import activities, intake
 from carousel.domain import selectors
 from carousel.domain.exceptions import InvalidSubmission, NotAllowed, QueueCeilingReached
 from carousel.models import (
@@ -83,12 +83,14 @@ class SubmitResult:
 
 
 def restore_submit(*, user, paths, now, priority=0, destination="", destination_layout=DestinationLayout.PATH,
-                   deadline=None, pin_lifetime=None, notify=False, label="", group=None):
+                   deadline=None, pin_lifetime=None, notify=False, label="", group=None, activity=""):
     """Accept a whole submission or refuse it whole. Paths already active for this user give
     back the existing request; paths another user is already staging join that stage. `group`:
     the share the requests draw on when the submitter names one (a service's token), else the
     account's group. `destination`: a directory each file is delivered under, by its whole path
-    or by its name (`destination_layout`); two files delivered to one place are refused."""
+    or by its name (`destination_layout`); two files delivered to one place are refused.
+    `activity`: the name the client gave; the Activity table turns it into the activity the
+    requests draw on and a priority (the larger of it and `priority`: carousel/domain/activities.py)."""
     clean, errors = validate_paths(paths, max_count=settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION,
                                    max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
     if errors:
@@ -100,6 +102,8 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
             "Fix or remove them and submit again.", errors=listed)
     if not isinstance(priority, int) or not 0 <= priority <= 3:
         raise InvalidSubmission("priority must be an integer from 0 to 3")
+    if not isinstance(activity, str) or len(activity) > 128 or not activity.isprintable():
+        raise InvalidSubmission("activity must be a name of at most 128 printable characters, e.g. \"Express\"")
     if deadline is not None and deadline <= now:
         raise InvalidSubmission("deadline is in the past")
     if pin_lifetime is not None and not (isinstance(pin_lifetime, timedelta)
@@ -144,12 +148,15 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
                     f"your ceiling is {ceiling}. Wait for some to finish or cancel some, then submit again.")
 
         group = group or account.group or user.groups.order_by("id").first()
+        chosen = activities.resolve(group_id=group.id if group else None, name=activity, now=now)
+        priority = max(priority, chosen.priority)
         big = intake.goes_through(len(new))
         bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify,
                                    label=label, pending=len(new) if big else 0, priority=priority,
                                    destination=destination or "", destination_layout=destination_layout,
                                    deadline=deadline, pin_lifetime=pin_lifetime,
-                                   group=group)
+                                   group=group, activity=(activity or "").strip()[:128],
+                                   resolved_activity=chosen.name)
         if big:
             intake.write(bulk, new)
         else:

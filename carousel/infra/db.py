@@ -131,20 +131,21 @@ def index_probes():
                            list(before))
 
 
-def lateral(inner_sql, keys):
+def lateral(inner_sql, keys, types=None):
     """Run `inner_sql` once per key tuple and return all rows. The SQL names the key's parts
     {a}, {b}, ... and may use {n} for the last part (a LIMIT). PostgreSQL runs it as one
     query, a LATERAL join over the unnested keys, so each key costs one index probe and no
-    round trip; SQLite runs it once per key."""
+    round trip; SQLite runs it once per key. `types`: each part's SQL type (default bigint)."""
     keys = list(keys)
     if not keys:
         return []
     width = len(keys[0])
     names = "abcdefgh"[:width - 1] + "n"
+    types = types or ("bigint",) * width
     with connection.cursor() as cursor:
         if is_postgres():
             placeholders = {name: f"k.{name}" for name in names}
-            arrays = ", ".join("%s::bigint[]" for _ in names)
+            arrays = ", ".join(f"%s::{kind}[]" for kind in types)
             sql = (f"SELECT x.* FROM unnest({arrays}) AS k({', '.join(names)}) "
                    f"CROSS JOIN LATERAL ({inner_sql.format(**placeholders)}) AS x")
             cursor.execute(sql, [list(col) for col in zip(*keys)])

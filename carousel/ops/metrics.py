@@ -18,6 +18,7 @@ from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from carousel.domain.selectors.activities import activity_figures
 from carousel.models import (ACTIVE_STATES, Control, CounterTotal, CycleBucket, ErrorClass, HealthState, Job, JobState,
                      StagerHealth, StateCount, Tape)
 
@@ -85,6 +86,22 @@ class CarouselCollector:
                                 value=max((now - oldest).total_seconds(), 0.0) if oldest else 0.0)
         yield GaugeMetricFamily("carousel_tapes_quarantined", "Tapes in quarantine.",
                                 value=Tape.objects.filter(quarantined_at__isnull=False).count())
+        yield from self._activities(now)
+
+    def _activities(self, now):
+        # Bounded by the work in flight and an hour's restores (not the queue): see activity_figures.
+        rows = activity_figures(now=now)
+        gauges = [("carousel_activity_requests_in_flight", "Requests planned or at the stager, by activity.",
+                   "in_flight"),
+                  ("carousel_activity_drive_seconds_held",
+                   "Estimated drive seconds of the work planned or on the drives, by activity.", "drive_s"),
+                  ("carousel_activity_restored_last_hour", "Requests restored in the last hour, by activity.",
+                   "restored_last_hour")]
+        for name, help_text, key in gauges:
+            gauge = GaugeMetricFamily(name, help_text, labels=["activity"])
+            for row in rows:
+                gauge.add_metric([row["activity"]], row[key])
+            yield gauge
 
     def _requests(self):
         rows = list(StateCount.objects.values_list("state", "group_key", "files", "bytes"))

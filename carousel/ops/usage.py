@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone as dt_timezone
 
 from django.contrib.auth.models import Group, User
-from django.db.models import Max, Sum
+from django.db.models import Count, Max, Q, Sum
 
 from carousel.domain import policy
-from carousel.models import WAIT_BUCKETS_S, UsageDay, UsageWait
+from carousel.models import WAIT_BUCKETS_S, Job, RequestState, RestoreRequest, UsageDay, UsageWait
 
-BY = ("user", "group")
+BY = ("user", "group", "activity")
 # The dates a report may name: the epoch to a year short of datetime's end, so that the
 # arithmetic on a period (a default week before, a day after) stays within datetime's range.
 FIRST_MOMENT = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
@@ -108,6 +108,8 @@ def usage_report(*, since, until, by="user", viewer=None):
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}")
     since, until = day_floor(since), day_ceil(until)
+    if by == "activity":
+        return _by_activity(since, until, viewer)
     key = "user_id" if by == "user" else "group_key"
     days = UsageDay.objects.filter(day__gte=since, day__lt=until)
     waits = UsageWait.objects.filter(day__gte=since, day__lt=until)
@@ -152,3 +154,51 @@ def usage_csv(report):
     for line in report.lines:
         writer.writerow(["" if v is None else v for v in line.as_row()])
     return out.getvalue()
+
+
+def _by_activity(since, until, viewer):
+    """Lines per activity, read from the requests and jobs of the period (the rolled-up rows do
+    not carry activities): what retention has pruned is not counted. Counted by the database,
+    per activity; mounts and drive seconds per (job, activity), the jobs that finished in the
+    period, shared by their files as the rolled-up rows share them between users. A viewer
+    without the view permission on usage sees their own requests'."""
+    requests = RestoreRequest.objects.all()
+    if viewer is not None and not policy.may_see_all_usage(viewer):
+        requests = requests.filter(user_id=viewer.id)
+    asked = {r["activity"]: r for r in requests.filter(created_at__gte=since, created_at__lt=until)
+             .values("activity").annotate(files=Count("id"), bytes=Sum("size")).order_by()}
+    done = Q(state=RequestState.DONE)
+    failed = Q(state=RequestState.FAILED)
+    classes = {"transient": "transient", "permanent": "permanent", "user": "user", "delivery": "delivery",
+               "other": ""}
+    ended = {r["activity"]: r for r in requests.filter(finished_at__gte=since, finished_at__lt=until)
+             .values("activity").annotate(
+                 restored_files=Count("id", filter=done), restored_bytes=Sum("size", filter=done),
+                 cancelled=Count("id", filter=Q(state=RequestState.CANCELLED)),
+                 expired=Count("id", filter=Q(state=RequestState.EXPIRED)),
+                 **{f"failed_{c}": Count("id", filter=failed & Q(error_class=e)) for c, e in classes.items()}
+             ).order_by()}
+    shares = list(requests.filter(job__finished_at__gte=since, job__finished_at__lt=until, job__sent_at__isnull=False)
+                  .values_list("job_id", "activity").annotate(n=Count("id")).order_by())
+    spans = {j: (finished - sent).total_seconds() for j, sent, finished in
+             Job.objects.filter(id__in={j for j, _, _ in shares}).values_list("id", "sent_at", "finished_at")}
+    files = {}
+    for job, _, n in shares:
+        files[job] = files.get(job, 0) + n
+    mounts, drive = {}, {}
+    for job, activity, n in shares:
+        part = n / files[job]
+        mounts[activity] = mounts.get(activity, 0.0) + part
+        drive[activity] = drive.get(activity, 0.0) + max(0.0, spans.get(job, 0.0)) * part
+    total_drive = sum(drive.values())
+    lines = []
+    for name in sorted(set(asked) | set(ended) | set(drive)):
+        a, e = asked.get(name, {}), ended.get(name, {})
+        lines.append(UsageLine(
+            key=0, name=name, requested_files=a.get("files", 0), requested_bytes=a.get("bytes") or 0,
+            restored_files=e.get("restored_files", 0), restored_bytes=e.get("restored_bytes") or 0,
+            failed={c: e.get(f"failed_{c}", 0) for c in FAILURE_CLASSES}, cancelled=e.get("cancelled", 0),
+            expired=e.get("expired", 0), mounts=mounts.get(name, 0.0), drive_s=drive.get(name, 0.0),
+            drive_share=drive.get(name, 0.0) / total_drive if total_drive else 0.0))
+    lines.sort(key=lambda line: (-line.restored_bytes, line.name))
+    return UsageReport(since=since, until=until, by="activity", lines=lines, total_drive_s=total_drive)

@@ -6,6 +6,7 @@ from django.contrib.auth.models import Group
 from django.db.models import Count, Max, Min, Q, Sum
 from django.db.models.functions import TruncHour
 
+from carousel.domain.selectors.activities import activity_figures
 from carousel.domain.selectors.drives import drive_allocation, drives_in_use
 from carousel.domain.selectors.lists import capped_count
 from carousel.domain.selectors.summary import jobs_limit, stager_health
@@ -66,6 +67,7 @@ class LiveFigures:
     users: list  # dicts: username, group, files, bytes, in_flight, share; most files first
     users_with_work: int
     groups: list  # dicts: group, users, files, bytes, in_flight, share, drives, reserved_drives, max_drives
+    activities: list  # dicts: activity, in_flight, drive_s, drive_share, restored_last_hour (activity_figures)
     unlocated: tuple  # capped_count
     delivering: tuple  # capped_count
     series: list  # hourly_series
@@ -119,6 +121,6 @@ def live_figures(*, now):
                   .order_by("sent", "tape__label")[:JOBS_SHOWN]),
         in_flight=sum(in_flight_by_user.values()),
         slots=control.files_per_job * jobs_limit(control, health["jobs_limit"]),
-        users=users, users_with_work=len(shares.group_of), groups=groups,
+        users=users, users_with_work=len(shares.group_of), groups=groups, activities=activity_figures(now=now),
         unlocated=capped_count(queued), delivering=capped_count(RestoreRequest.objects.filter(state=S.DELIVERING)),
         series=hourly_series(now=now))

@@ -23,8 +23,10 @@ from datetime import datetime, timedelta, timezone
 
 from policies.order import read_order
 
-from carousel.sim.library import Library
+from carousel.sim.library import BUSY_PHASES, FETCH, Library
 from carousel.sim.lowerbound import lower_bound
+
+DEFAULT_ACTIVITY = "default"  # carousel.models.DEFAULT_ACTIVITY (not imported at module level: no Django here)
 
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 BASELINES = ("direct", "eradat", "eradat-rao")
@@ -62,11 +64,11 @@ def _mismatch_extra(mismatch):
 
 
 def _arrivals(workload):
-    """[(t, user, [paths])] in arrival order: one submission per user and instant."""
+    """[(t, user, activity, [paths])] in arrival order: one submission per user, activity and instant."""
     batches = {}
     for r in workload.requests:
-        batches.setdefault((r.t, r.user), []).append(r.path)
-    return [(t, user, paths) for (t, user), paths in batches.items()]
+        batches.setdefault((r.t, r.user, r.activity), []).append(r.path)
+    return [(t, user, activity, paths) for (t, user, activity), paths in batches.items()]
 
 
 # Baselines ----------------------------------------------------------------------------------
@@ -130,7 +132,7 @@ def setup_database(workload, control):
     {username: User}."""
     from django.contrib.auth.models import Group, User
 
-    from carousel.models import Account, Control, GroupShare
+    from carousel.models import Account, Activity, Control, GroupShare
 
     unknown = sorted(set(control) - set(CONTROL_FIELDS))
     if unknown:
@@ -150,6 +152,9 @@ def setup_database(workload, control):
         if group:
             users[name].groups.add(group)
         Account.objects.update_or_create(user=users[name], defaults={"group": group, "inflight_cap": spec.cap})
+    for activity in workload.activities:
+        Activity.objects.update_or_create(group=groups.get(activity.group), name=activity.name,
+                                          defaults={"priority": activity.priority, "weight": activity.weight})
     return users
 
 
@@ -178,9 +183,9 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None):
     while True:
         now = start + cycle * period
         while next_arrival < len(arrivals) and arrivals[next_arrival][0] <= now:
-            t, user, paths = arrivals[next_arrival]
+            t, user, activity, paths = arrivals[next_arrival]
             with intake.direct():  # no worker here to run the intake's task
-                restore_submit(user=users[user], paths=paths, now=EPOCH + timedelta(seconds=t))
+                restore_submit(user=users[user], paths=paths, now=EPOCH + timedelta(seconds=t), activity=activity)
             next_arrival += 1
         clock[0] = now
         report = run_cycle(now=EPOCH + timedelta(seconds=now), stager=stager)
@@ -305,6 +310,48 @@ def group_shares(workload, requests):
     return {g: (counted[g] / total if total else None) for g in groups}
 
 
+def activity_shares(workload, outcome):
+    """activity -> {"requests", "drive_s", "share"} when the workload names two activities or
+    more: the drive time of the mounts made while every activity still had work pending (from
+    the last one's first arrival to the first one's last file restored), each mount's busy time
+    split between the activities by the files it read; `share`: of that drive time."""
+    named = {(r.user, r.path): r.activity or DEFAULT_ACTIVITY for r in workload.requests}
+    if len(set(named.values())) < 2:
+        return {}
+    activity_of = {}
+    first, last, count = {}, {}, {}
+    for user, arrived, restored, path in outcome.requests:
+        activity = named.get((user, path), DEFAULT_ACTIVITY)
+        activity_of.setdefault(path, activity)
+        count[activity] = count.get(activity, 0) + 1
+        first[activity] = min(first.get(activity, math.inf), arrived)
+        last[activity] = max(last.get(activity, -math.inf), math.inf if restored is None else restored)
+    begin, end = max(first.values()), min(last.values())
+    mounts, current = [], {}
+    for seg in sorted(outcome.library.segments, key=lambda s: (s.drive, s.start)):
+        if seg.phase not in BUSY_PHASES:
+            continue
+        mount = current.get(seg.drive)
+        if mount is None or mount[2] != seg.tape or seg.phase == FETCH:
+            mount = current[seg.drive] = [seg.start, seg.end, seg.tape, 0.0]
+            mounts.append(mount)
+        mount[1] = seg.end
+        mount[3] += seg.end - seg.start
+    reads = {}
+    for moment, _, path, _ in outcome.library.reads:
+        reads.setdefault(workload.files[path].tape, []).append((moment, path))
+    drive_s = dict.fromkeys(count, 0.0)
+    for start, stop, tape, busy in mounts:
+        if start < begin or stop > end:
+            continue
+        files = [activity_of.get(p, DEFAULT_ACTIVITY) for t, p in reads.get(tape, []) if start <= t <= stop]
+        for activity in files:
+            drive_s[activity] += busy / len(files)
+    total = sum(drive_s.values())
+    return {a: {"requests": count[a], "drive_s": drive_s[a], "share": drive_s[a] / total if total else None}
+            for a in sorted(count)}
+
+
 def report(workload, outcome, bound=None):
     """The report of workloads/README.md (plus extras). Raises ReplayError when the makespan
     lies below the lower bound: the model or the bound is wrong. On a departed library (a
@@ -375,6 +422,8 @@ def report(workload, outcome, bound=None):
         "lower_bound_parts": bound.parts,
         "mounts_per_tape": library.mounts / tapes if tapes else None,
         "cycles": outcome.cycles,
+        # Per activity, when the workload names several: drive time while all had work.
+        **({"activities": shares} if (shares := activity_shares(workload, outcome)) else {}),
         # Per group: how the users' longest waits spread (the storm target reads these).
         "group_waits": group_waits,
         **outcome.extra,

@@ -29,6 +29,15 @@ class Request:
     t: float
     user: str
     path: str
+    activity: str = ""  # the activity the submission names ("": none)
+
+
+@dataclass(frozen=True)
+class Activity:
+    name: str
+    group: str | None  # None: every group's
+    priority: int
+    weight: float
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,7 @@ class Workload:
     tape_media: dict  # label -> technology
     files: dict  # path -> library.File
     requests: tuple  # Requests by arrival time (ties: file order)
+    activities: tuple = ()  # Activity rows of the site's table (optional)
 
     def requested_files(self):
         """The distinct requested files, per tape label."""
@@ -154,6 +164,16 @@ def parse(data):
                   f"{path!r} is also on tape {files.get(path, File('', '', '', 0, 0)).tape}: a path lies on one tape")
             files[path] = File(path, label, media, offset, size)
 
+    activities = []
+    for i, spec in enumerate(_list(data.get("activities", []), "activities")):
+        key = f"activities[{i}]"
+        _object(spec, key)
+        group = spec.get("group")
+        _need(group is None or group in groups, f"{key}.group", f"{group!r} is not in groups")
+        priority = _number(spec.get("priority", 0), f"{key}.priority", integer=True)
+        _need(0 <= priority <= 3, f"{key}.priority", "expected 0 to 3")
+        activities.append(Activity(_text(spec.get("name"), f"{key}.name"), group, priority,
+                                   float(_number(spec.get("weight", 1), f"{key}.weight", positive=True))))
     requests = []
     for i, entry in enumerate(_list(data["requests"], "requests")):
         key = f"requests[{i}]"
@@ -163,9 +183,11 @@ def parse(data):
         t = _number(entry["t"], f"{key}.t")
         _need(entry["user"] in users, f"{key}.user", f"{entry['user']!r} is not in users")
         _need(entry["path"] in files, f"{key}.path", f"{entry['path']!r} is on no tape in tapes")
-        requests.append(Request(float(t), entry["user"], entry["path"]))
+        activity = entry.get("activity", "")
+        _need(isinstance(activity, str), f"{key}.activity", "expected a name (text)")
+        requests.append(Request(float(t), entry["user"], entry["path"], activity))
     _need(requests, "requests", "empty: nothing to replay")
     requests.sort(key=lambda r: r.t)  # stable: ties keep the file's order
     return Workload(name=name, description=str(data.get("description", "")), drives=drives, read_rate_mb_s=rate,
                     robots=robots, exchange_s=float(exchange_s), groups=groups, users=users,
-                    tape_media=tape_media, files=files, requests=tuple(requests))
+                    tape_media=tape_media, files=files, requests=tuple(requests), activities=tuple(activities))

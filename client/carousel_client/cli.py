@@ -52,6 +52,9 @@ def build_parser():
     submit.add_argument("--pin", metavar="DURATION", help="how long the copies stay on disk: PT6H, or seconds")
     submit.add_argument("--notify", action="store_true", default=None, help="be told when it is finished")
     submit.add_argument("--label", help="your own name for this submission")
+    submit.add_argument("--activity", metavar="NAME",
+                        help="what the files are for (e.g. Express): the site's activity table gives it a priority "
+                             "and a share of your group's drive time; unknown names get the group's default")
 
     status = commands.add_parser("status", help="a submission's progress, estimate and why not yet")
     status.add_argument("id", nargs="?", metavar="ID", help="submission id (default: your latest)")
@@ -177,7 +180,8 @@ def cmd_submit(client, args):
     # Large lists go in one request: the server takes a whole submission or refuses it whole.
     result = client.submit(read_paths(args), priority=args.priority, destination=args.destination,
                            destination_layout=args.destination_layout,
-                           deadline=args.deadline, pin_lifetime=pin, notify=args.notify, label=args.label)
+                           deadline=args.deadline, pin_lifetime=pin, notify=args.notify, label=args.label,
+                           activity=args.activity)
     data = {"id": result["bulk_id"], **{k: v for k, v in result.items() if k != "bulk_id"}}
     if not args.json and sys.stderr.isatty():
         print(f"{result['files']} files: {result['created']} new, {result['existing']} already requested, "
