@@ -31,7 +31,7 @@ from pathlib import Path
 from django.conf import settings
 
 from carousel.models import ErrorClass
-from carousel.tape import MEDIA
+from carousel.tape import BEYOND_TAPE_END, MEDIA
 from carousel.stagers.base import FileStatus, LocateError, Location, Stager, StagerUnavailable
 
 # ----------------------------------------------------------------------------------------------
@@ -282,12 +282,9 @@ def media_rules(media, default_media):
 # With a technology known, the broker plans mounts for the tape (carousel/loop/mounts.py) and orders
 # its files with the tape model, which takes Location.position for a byte offset. HPSS gives
 # no byte offset, only (section, offset in it), so the key is moved past the end of every
-# technology's tape: the model then sees the files one after another at the tape's end, each
-# reached by a forward locate of the same cost, so the order stays HPSS's own (ascending key,
-# which its Tape Ordered Recall refines) and a mount's estimate counts its loads, a locate per
-# file, its reads and its rewind, without the head travel no one here can know.
-BEYOND_TAPE_END = 1 << OFFSET_BITS
-assert all(max(m.capacity_bytes, m.wraps * m.bytes_per_wrap) < BEYOND_TAPE_END for m in MEDIA.values())
+# technology's tape (carousel.tape.BEYOND_TAPE_END), so the order stays HPSS's own (ascending
+# key, which its Tape Ordered Recall refines).
+assert BEYOND_TAPE_END == 1 << OFFSET_BITS
 
 
 class HpssStager(Stager):
