@@ -42,11 +42,11 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"cannot read {file}: {exc}") from exc
         with stream:
-            head = stream.read(4096)
-            fmt = format or _format_of(file, head)
-            lines = reader(fmt, _Rejoined(head, stream), media=media or "")
             try:
-                result = tape_map_load(lines=lines, now=timezone.now())
+                head = stream.read(4096)
+                fmt = format or _format_of(file, head)
+                result = tape_map_load(lines=reader(fmt, _Rejoined(head, stream), media=media or ""),
+                                       now=timezone.now())
             except TapeMapError as exc:
                 raise CommandError(f"{file}: {exc}") from exc
             except (UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as exc:
