@@ -161,6 +161,19 @@ def test_the_locating_step_places_files_on_the_maps_tapes(alice, now, tmp_path):
     assert media["V1"] == "LTO-8" and media["rest:/run"] == ""
 
 
+def test_a_map_loaded_later_places_the_next_requests_of_a_located_file(alice, bob, now, tmp_path):
+    restore_submit(user=alice, now=now, paths=["/run/a"])
+    for step in range(2):
+        run_cycle(now=now + timedelta(seconds=10 * step), stager=HiddenTapes())
+    assert RestoreRequest.objects.get(user=alice).state == "done"
+    load(tmp_path, "path,tape\n/run/a,V1\n")
+    later = now + timedelta(seconds=60)
+    restore_submit(user=bob, now=later, paths=["/run/a"])
+    run_cycle(now=later, stager=HiddenTapes())
+    assert RestoreRequest.objects.get(user=bob).tape.label == "V1"
+    assert RestoreRequest.objects.get(user=alice).tape.label == "rest:/run"
+
+
 def test_a_stager_that_knows_the_tape_wins_over_the_map(alice, now, tmp_path):
     load(tmp_path, "path,tape\n/run/a,V9\n")
     restore_submit(user=alice, now=now, paths=["/run/a"])

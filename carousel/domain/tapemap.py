@@ -4,7 +4,8 @@ does). `manage.py load-tape-map FILE` reads it (docs/tape-map.md); the locating 
 
 A load is one transaction: every line is checked, and one bad line stores nothing (the error
 names its line). Lines are upserted by path (a line for a mapped file replaces it: the file was
-repacked), so a load may be repeated or carry only what changed. PostgreSQL gets the lines by
+repacked), so a load may be repeated or carry only what changed; the locations recorded for
+mapped files are dropped, so their next requests are located again, through the map. PostgreSQL gets the lines by
 COPY into a temporary table, then one INSERT ... ON CONFLICT; SQLite in batches."""
 import csv
 import io
@@ -19,7 +20,7 @@ from django.db.models import Max
 
 from carousel.domain.paths import check_path
 from carousel.infra.db import is_postgres
-from carousel.models import TapeMapEntry, path_keys
+from carousel.models import FileLocation, TapeMapEntry, path_keys
 from carousel.tape import MEDIA
 
 FORMATS = ("csv", "jsonl", "cta", "dcache")
@@ -288,6 +289,8 @@ def _load_postgres(lines, *, base, now):
             "position = EXCLUDED.position, size = EXCLUDED.size, ordinal = EXCLUDED.ordinal, "
             "loaded_at = EXCLUDED.loaded_at", [now])
         files = cursor.rowcount
+        # What the stager said of these files before is located again, through the map.
+        cursor.execute("DELETE FROM carousel_filelocation f USING carousel_tapemap_load l WHERE f.path_key = l.path_key")
         cursor.execute("DROP TABLE carousel_tapemap_load")
     return LoadResult(lines=seen.lines, files=files, skipped=seen.skipped)
 
@@ -306,5 +309,6 @@ def _load_batches(lines, *, base, now):
                           size=line.size, ordinal=ordinal, loaded_at=now) for key, (ordinal, line) in latest.items()],
             update_conflicts=True, unique_fields=["path_key"],
             update_fields=["path", "tape", "media", "position", "size", "ordinal", "loaded_at"])
+        FileLocation.objects.filter(path_key__in=list(latest)).delete()
     seen.check()
     return LoadResult(lines=seen.lines, files=len(files), skipped=seen.skipped)
