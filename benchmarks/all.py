@@ -125,6 +125,38 @@ def replay_vs_eradat(workload):
     return value
 
 
+HSM_MAP_RUN = "broker TAPEID/GRPW hsm-fifo+map"
+
+
+def hsm_map_over_eradat(workload):
+    """makespan of the hsm-fifo replay with the tape map over eradat's (issue 23: at most 1.05)."""
+    def value(result):
+        eradat = replay_row(result, workload, "baseline eradat").get("makespan_s")
+        span = replay_row(result, workload, HSM_MAP_RUN).get("makespan_s")
+        return round(span / eradat, 3) if eradat and span else None
+    return value
+
+
+def hsm_fifo_details(result):
+    lines = ["", "Against the hsm-fifo backend (a tape system hiding its tapes behind one FIFO recall queue): "
+             "without and with the workload's tapes as the site's map, beside full control and eradat.", "",
+             "| workload | eradat s | full control s | hsm-fifo s | hsm-fifo + map s | + map / eradat | "
+             "+ map mounts | + map files failed | + map shares |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for workload in result:
+        mapped = replay_row(result, workload, HSM_MAP_RUN)
+        if not mapped:
+            continue
+        spans = [replay_row(result, workload, run).get("makespan_s") for run in (
+            "baseline eradat", "broker TAPEID/GRPW", "broker TAPEID/GRPW hsm-fifo", HSM_MAP_RUN)]
+        shares = ", ".join(f"{g} {v:.3f}" for g, v in (mapped.get("shares") or {}).items() if v is not None)
+        lines.append(" | ".join([f"| {workload}", *(f"{v:,.0f}" if v else "-" for v in spans),
+                                 f"{spans[3] / spans[0]:.3f}" if spans[0] and spans[3] else "-",
+                                 str(mapped.get("mounts", "-")), str(mapped.get("files_failed", "-")),
+                                 f"{shares or '-'} |"]))
+    return lines
+
+
 def replay_details(result):
     lines = ["| workload | lower bound s | eradat s | broker s | broker mounts | × eradat | × bound |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -137,7 +169,7 @@ def replay_details(result):
             f"| {workload}", f"{bound or 0:,.0f}", f"{eradat or 0:,.0f}",
             f"{span:,.0f}" if span else broker.get("error", "-"), str(broker.get("mounts", "-")),
             f"{eradat / span:.2f}" if eradat and span else "-", f"{ratio:.2f} |" if ratio else "- |"]))
-    return lines
+    return lines + hsm_fifo_details(result)
 
 
 def ablation_retained(workload):
@@ -292,9 +324,10 @@ BENCHMARKS = [
          Figure("3,000 files", "3000_files_ms", " ms", None, 1)],
         services=False, minutes=1),
     Benchmark(
-        "replay", "Replays of the shipped workloads, shipped defaults (issues 12 and 13)", "replay.py",
+        "replay", "Replays of the shipped workloads, shipped defaults (issues 12, 13 and 23)", "replay.py",
         "`manage.py simulate` of every workload in `tests/workloads/` (TAPEID/GRPW) against the "
-        "simulated library, with both baselines and the lower bound; makespans are simulated seconds and "
+        "simulated library, with both baselines and the lower bound, and against the hsm-fifo backend without "
+        "and with the tape map (`--backend hsm-fifo [--tape-map]`); makespans are simulated seconds and "
         "do not depend on the machine's load.",
         [Figure("bnl-704: × eradat", replay_vs_eradat("bnl-704"), "×", (">=", 1.7), 2),
          Figure("bnl-704: × lower bound", lambda r: replay_row(r, "bnl-704", "broker TAPEID/GRPW").get("ratio"),
@@ -304,8 +337,10 @@ BENCHMARKS = [
                 lambda r: replay_row(r, "bnl-large", "broker TAPEID/GRPW").get("ratio"), "×", ("<=", 1.3), 2),
          Figure("storm: analysts not served within 1,800 s", lambda r: (
              (lambda b: b["analysts"] - b["analysts_within_1800_s"] if b.get("analysts") else None)(
-                 replay_row(r, "storm", "broker TAPEID/GRPW"))), "", ("<=", 0))],
-        args=["--quick", "--jobs", "2"], services=False, minutes=40, details=replay_details),
+                 replay_row(r, "storm", "broker TAPEID/GRPW"))), "", ("<=", 0)),
+         *(Figure(f"{w}: hsm-fifo + map / eradat", hsm_map_over_eradat(w), "×", ("<=", 1.05), 3)
+           for w in ("bnl-704", "storm", "groups"))],
+        args=["--quick", "--hsm-fifo", "--jobs", "2"], services=False, minutes=70, details=replay_details),
     Benchmark(
         "ablation", "What each gain is worth on a library departing from the model (issue 13)", "replay.py",
         "The broker, eradat in the broker's read order and eradat, on the nominal library and on libraries "

@@ -7,7 +7,9 @@ table and, as its last line, one JSON object.
     .venv/bin/python benchmarks/replay.py [--workloads DIR] [--only NAME ...] [--quick] [--jobs N]
 
 --quick: the shipped default policies only. --jobs N: N broker runs at once (their walls then
-include each other's load; time the replay speed with --jobs 1).
+include each other's load; time the replay speed with --jobs 1). --hsm-fifo: also the shipped
+defaults against the hsm-fifo backend (a tape system hiding its tapes), without and with the
+workload's tape map (`simulate --backend hsm-fifo [--tape-map]`).
 
     .venv/bin/python benchmarks/replay.py --ablation [--mismatch 0.3] [--seeds 1 2 3] [--jobs 2]
         [--results FILE] [--only NAME ...] [--skip-mismatch NAME ...]
@@ -39,6 +41,9 @@ SORTS = ("NONE", "TAPEID", "SLIDER")
 SHARES = ("EQUAL", "GROUP", "GRPW")
 DEFAULT = ("TAPEID", "GRPW")
 WORKLOADS = ROOT / "tests" / "workloads"  # the shipped workloads, in the repository
+HSM_FIFO = ("--backend", "hsm-fifo")
+HSM_FIFO_MAP = ("--backend", "hsm-fifo", "--tape-map")
+BACKEND_LABELS = {HSM_FIFO: " hsm-fifo", HSM_FIFO_MAP: " hsm-fifo+map"}
 
 
 def broker(path, sort, share, scratch, extra=()):
@@ -66,6 +71,8 @@ def row(result, label):
         "analysts_within_1800_s": analysis.get("users_within_1800_s"),
         "analysts": analysis.get("users"),
         "prod_finish_s": prod.get("wait_max_s"),
+        "files_failed": result.get("files_failed"),
+        "shares": {g: v.get("share") for g, v in (result.get("groups") or {}).items()},
         "wall_s": result.get("command_wall_s", result.get("wall_s")),
         "error": result.get("error"),
     }
@@ -195,6 +202,7 @@ def main():
     parser.add_argument("--only", nargs="*", help="workload names (file names without extension)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--hsm-fifo", action="store_true", help="also the hsm-fifo backend, without and with the map")
     parser.add_argument("--ablation", action="store_true", help="broker, eradat-rao, eradat, bound; and mismatched")
     parser.add_argument("--mismatch", type=float, default=0.3)
     parser.add_argument("--seeds", type=int, nargs="*", default=[1, 2, 3])
@@ -225,25 +233,35 @@ def main():
                 rows.append(row(result, f"baseline {kind}"))
             groups = {u.group for u in workload.users.values()}
             shares = SHARES if len(groups) > 1 else (DEFAULT[1],)
-            pairs = [DEFAULT] if args.quick else [(s, h) for s in SORTS for h in shares]
-            def run(pair, path=path, name=name):
-                result = broker(path, *pair, scratch)
-                print(f"  {name} {pair[0]}/{pair[1]} done", file=sys.stderr, flush=True)
+            pairs = [(pair, ()) for pair in ([DEFAULT] if args.quick else [(s, h) for s in SORTS for h in shares])]
+            if args.hsm_fifo:
+                pairs += [(DEFAULT, HSM_FIFO), (DEFAULT, HSM_FIFO_MAP)]
+
+            def run(task, path=path, name=name):
+                (sort, share), extra = task
+                result = broker(path, sort, share, scratch, extra)
+                print(f"  {name} {sort}/{share} {' '.join(extra)} done", file=sys.stderr, flush=True)
                 return result
 
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
-                for (sort, share), result in zip(pairs, pool.map(run, pairs)):
-                    rows.append(row(result, f"broker {sort}/{share}"))
+                for ((sort, share), extra), result in zip(pairs, pool.map(run, pairs)):
+                    rows.append(row(result, f"broker {sort}/{share}{BACKEND_LABELS.get(extra, '')}"))
             results[name] = rows
             print(f"\n{name} (lower bound {bound.seconds:,.0f} s, binding: {bound.binding})")
             print(f"{'run':24} {'makespan s':>11} {'mounts':>6} {'x bound':>7} {'analysts p95 max wait s':>23} "
                   f"{'analysts max s':>14} {'<=1800 s':>9} {'prod done s':>11} {'wall s':>7}")
             for r in rows:
+                if r.get("shares") and len(r["shares"]) > 1:
+                    r_shares = " shares " + ", ".join(f"{g} {v:.3f}" if v is not None else f"{g} -"
+                                                      for g, v in r["shares"].items())
+                else:
+                    r_shares = ""
                 within = (f"{r.get('analysts_within_1800_s')}/{r.get('analysts')}" if r.get("analysts") else "-")
                 print(f"{r['run']:24} {fmt(r.get('makespan_s')):>11} {fmt(r.get('mounts')):>6} "
                       f"{fmt(r.get('ratio'), 2):>7} {fmt(r.get('analysts_wait_max_p95_s')):>23} "
                       f"{fmt(r.get('analysts_wait_max_s')):>14} {within:>9} {fmt(r.get('prod_finish_s')):>11} "
-                      f"{fmt(r.get('wall_s'), 1):>7}" + (f"  ERROR {r['error']}" if r.get("error") else ""))
+                      f"{fmt(r.get('wall_s'), 1):>7}" + r_shares
+                      + (f"  ERROR {r['error']}" if r.get("error") else ""))
     print(json.dumps(results))
 
 

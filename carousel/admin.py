@@ -13,7 +13,7 @@ from carousel.domain import policy, services
 from carousel.tasks import withdraw_on_commit
 from carousel.models import (
     Account, Bulk, Control, FileLocation, GroupShare, Job, PathPrefix, RestoreRequest, RetryQueue, StagerHealth, Tape,
-    Transition,
+    TapeMapEntry, Transition,
 )
 
 
@@ -303,6 +303,21 @@ class FileLocationAdmin(ChecksSelection, admin.ModelAdmin):
     search_fields = ["path", "tape__label"]
     raw_id_fields = ["tape"]
     show_full_result_count = False
+
+
+@admin.register(TapeMapEntry)
+class TapeMapEntryAdmin(ChecksSelection, admin.ModelAdmin):
+    """The site's tape map, as `manage.py load-tape-map` stored it (it is edited by loading)."""
+
+    list_display = ["path", "tape", "media", "position", "size", "loaded_at"]
+    search_fields = ["path", "tape"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Bulk)

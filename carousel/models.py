@@ -492,6 +492,29 @@ class FileLocation(models.Model):
         return self.path
 
 
+class TapeMapEntry(models.Model):
+    """A site's map of files to tapes (`manage.py load-tape-map`, carousel/domain/tapemap.py),
+    for backends that do not say where a file is (Tape REST): the locating step takes a file's
+    tape from here when the stager's answer names none."""
+
+    path = models.TextField()
+    path_key = models.UUIDField(unique=True)
+    tape = models.CharField(max_length=64)
+    media = models.CharField(max_length=32, blank=True)
+    position = models.BigIntegerField(null=True, blank=True, help_text="Byte offset on the tape, when known.")
+    size = models.BigIntegerField(null=True, blank=True)
+    # The map's own order (line order of the loads, later loads after earlier ones): a tape's
+    # files are read in it when no position is known.
+    ordinal = models.BigIntegerField()
+    loaded_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "tape map"
+
+    def __str__(self):
+        return self.path
+
+
 class WantedLocation(models.Model):
     """A path someone asked the whereabouts of (Tape REST archiveinfo) that the stager did not
     answer within the call: the loop's locating step asks for it (carousel/loop/locating.py),

@@ -119,6 +119,15 @@ class Position:
     metres: float  # from BOT along the tape
 
 
+# A position past the end of every technology's tape says only "after the position before it":
+# for an order known without byte offsets (HPSS's order keys, a tape map's lines without
+# positions). The model then sees the files one after another at the tape's end, each reached by
+# a forward locate of the same cost, so the order stays the given one and a mount's estimate
+# counts its loads, a locate per file, its reads and its rewind, without head travel.
+BEYOND_TAPE_END = 1 << 45
+assert all(max(m.capacity_bytes, m.wraps * m.bytes_per_wrap) < BEYOND_TAPE_END for m in MEDIA.values())
+
+
 def as_media(media):
     """Accept a Media or a technology name."""
     return MEDIA[media] if isinstance(media, str) else media

@@ -151,7 +151,8 @@ def test_a_missing_script_gives_a_clear_error(tmp_path):
 @pytest.mark.parametrize("lines, number, problem", [
     ('{"path": "/data/a.root", "tape": "T1", "position": 0, "size": 1}\nT1 0 1', 2, "not JSON"),
     ('["/data/a.root", "T1"]', 1, "expected a JSON object, not list"),
-    ('\n\n{"path": "/data/a.root", "position": 0, "size": 1}', 3, '"tape" is missing'),
+    ('\n\n{"path": "/data/a.root", "tape": " ", "position": 0, "size": 1}', 3, '"tape" is empty'),
+    ('{"path": "/data/a.root", "tape": "T1", "size": 1}', 1, '"position" is missing'),
     ('{"path": "/data/a.root", "tape": "T1", "position": "0", "size": 1}', 1, '"position" must be an integer, not "0"'),
     ('{"path": "/data/a.root", "tape": "T1", "position": 0, "size": -1}', 1, '"size" must not be negative'),
     ('{"path": "/data/a.root", "error": "gone", "class": "fatal"}', 1,
@@ -164,6 +165,11 @@ def test_malformed_locate_output_gives_an_error_naming_the_script_and_line(lines
     with pytest.raises(SiteScriptError, match=r"the locate script \(.*say.sh\)") as raised:
         saying(lines).locate(["/data/a.root"])
     assert f"printed a bad line {number}: {problem}" in str(raised.value)
+
+
+def test_a_location_without_a_tape_is_left_to_the_sites_tape_map():
+    [found] = saying('{"path": "/data/run7/a.root", "size": 5}').locate(["/data/run7/a.root"])
+    assert (found.tape, found.position, found.size, found.tape_known) == ("rest:/data/run7", 0, 5, False)
 
 
 @pytest.mark.parametrize("line, problem", [

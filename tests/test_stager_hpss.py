@@ -61,6 +61,14 @@ def job(paths, job_id="job-1"):
     return JobSpec(id=job_id, paths=list(paths))
 
 
+def test_without_volumes_it_leaves_the_tape_to_the_sites_map(catalog, tmp_path):
+    catalog.add("/exp/run1/a", volume="VB000100", position=119, offset=5, size=40)
+    stager = HpssStager(hsi=FAKE_HSI, state_dir=tmp_path / "state", timeout_s=20, volumes=False)
+    [found, missing] = stager.locate(["/exp/run1/a", "/exp/run1/gone"])
+    assert (found.tape, found.position, found.size, found.tape_known) == ("rest:/exp/run1", 0, 40, False)
+    assert isinstance(missing, LocateError)
+
+
 def test_it_locates_files_in_tape_order(catalog, stager):
     catalog.add("/exp/c", volume="VB000200", position=3, offset=0, size=30)
     catalog.add("/exp/b", volume="VB000100", position=120, offset=0, size=20)

@@ -203,7 +203,8 @@ def test_it_locates(server, stager):
     server.files = {"/data/a": "TAPE", "/data/b": "DISK_AND_TAPE", "/data/lost": "LOST",
                     "/data/busy": "UNAVAILABLE", "/data/unknown": None}
     answer = stager.locate(["/data/a", "/data/b", "/data/lost", "/data/busy", "/data/unknown", "/data/nothing"])
-    assert answer[:2] == [Location("/data/a", "rest:/data", 0, 0), Location("/data/b", "rest:/data", 0, 0)]
+    assert answer[:2] == [Location("/data/a", "rest:/data", 0, 0, tape_known=False),
+                          Location("/data/b", "rest:/data", 0, 0, tape_known=False)]
     assert [(type(a), getattr(a, "error_class", "")) for a in answer[2:]] == [
         (LocateError, "permanent"), (LocateError, "transient"), (Location, ""), (LocateError, "permanent")]
     assert "No such file" in answer[5].message

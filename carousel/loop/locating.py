@@ -3,16 +3,24 @@
 A "try later" answer (or none at all) is asked again after a backoff that doubles, and after
 `Control.locate_attempts` such answers the request fails with the reason. Each batch takes the
 requests due to be asked again (at most half of it while new ones wait) and new ones, oldest
-first: paths the stager never answers cannot keep new work from being located."""
+first: paths the stager never answers cannot keep new work from being located.
+
+A backend that cannot tell a file's tape (Tape REST never does) answers with a stand-in
+(Location.tape_known false): the site's tape map (TapeMapEntry, `manage.py load-tape-map`)
+places such a file on its tape, so the mount plan sees whole tapes; a file the map lacks keeps
+the stand-in."""
+import dataclasses
 from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 
 from carousel.models import (
-    Control, ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, WantedLocation, path_key,
+    Control, ErrorClass, FileLocation, RequestState as S, RestoreRequest, Tape, TapeMapEntry, WantedLocation,
+    path_key,
 )
 from carousel.domain.services import request_transition
+from carousel.tape import BEYOND_TAPE_END
 
 UNLOCATED = Q(state=S.QUEUED, tape__isnull=True)
 # A path archiveinfo asked for and the stager never answered is not asked for past this.
@@ -123,10 +131,32 @@ def _ask_again_later(unsure, *, now, control):
             these.update(locate_attempts=attempts, locate_after=now + timedelta(seconds=delay))
 
 
+def placed_by_map(found):
+    """The locations, those whose tape the stager could not tell placed as the tape map says
+    (one query). A map line without a position keeps the map's order: past the tape's end, as
+    carousel.tape.BEYOND_TAPE_END says; without a size, the stager's."""
+    hidden = {path_key(loc.path): loc for loc in found if not loc.tape_known}
+    if not hidden:
+        return found
+    mapped = {key: row for key, *row in TapeMapEntry.objects.filter(path_key__in=list(hidden)).values_list(
+        "path_key", "tape", "media", "position", "size", "ordinal")}
+    placed = {}
+    for key, (tape, media, position, size, ordinal) in mapped.items():
+        loc = hidden[key]
+        placed[loc.path] = dataclasses.replace(
+            loc, tape=tape, media=media, position=position if position is not None else BEYOND_TAPE_END + ordinal,
+            size=size if size is not None else loc.size, tape_known=True)
+    return [placed.get(loc.path, loc) for loc in found]
+
+
 def record_locations(found, *, now):
+    found = placed_by_map(found)
     labels = {loc.tape: loc.media for loc in found}
     Tape.objects.bulk_create([Tape(label=label, media=media) for label, media in labels.items()],
                              ignore_conflicts=True)
+    # A tape first seen without its technology learns it from a later answer (a map loaded since).
+    for media in {m for m in labels.values() if m}:
+        Tape.objects.filter(label__in=[label for label, m in labels.items() if m == media], media="").update(media=media)
     tape_ids = dict(Tape.objects.filter(label__in=labels).values_list("label", "id"))
     FileLocation.objects.bulk_create(
         [FileLocation(path=loc.path, path_key=path_key(loc.path), tape_id=tape_ids[loc.tape],

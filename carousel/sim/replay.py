@@ -10,6 +10,10 @@
 - replay_baseline(): `direct`, `eradat` and `eradat-rao` of workloads/README.md, driving the
   same library without the broker (no database).
 
+replay_broker() may also run against the `hsm-fifo` backend (carousel/sim/hsm.py): a tape system
+that hides its tapes from the broker, with or without the workload's tapes loaded as the
+site's tape map.
+
 Either may run on a library that departs from the broker's model (library.Mismatch): the broker
 and its lower bound keep the nominal model, the baselines meet the same departed library.
 
@@ -30,6 +34,7 @@ DEFAULT_ACTIVITY = "default"  # carousel.models.DEFAULT_ACTIVITY (not imported a
 
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 BASELINES = ("direct", "eradat", "eradat-rao")
+BACKENDS = ("simulated", "hsm-fifo")
 # Control fields a replay may set (the rest keep their shipped defaults).
 CONTROL_FIELDS = ("sort_policy", "share_policy", "files_per_job", "jobs_in_flight", "cycle_s", "default_user_cap",
                   "default_group_cap", "max_wait_s", "mount_min_files", "mount_min_bytes", "mount_max_wait_s",
@@ -53,9 +58,9 @@ class Outcome:
     extra: dict = field(default_factory=dict)
 
 
-def new_library(workload, mismatch=None):
+def new_library(workload, mismatch=None, kind=Library):
     """The workload's library; `mismatch` a library.Mismatch, or None for the nominal one."""
-    return Library(drives=workload.drives, read_rate_mb_s=workload.read_rate_mb_s, robots=workload.robots,
+    return kind(drives=workload.drives, read_rate_mb_s=workload.read_rate_mb_s, robots=workload.robots,
                    exchange_s=workload.exchange_s, now=workload.requests[0].t, mismatch=mismatch)
 
 
@@ -158,25 +163,52 @@ def setup_database(workload, control):
     return users
 
 
-def replay_broker(workload, *, control=None, progress=None, mismatch=None):
+def load_workload_map(workload):
+    """The workload's own tapes as the site's tape map (the `--tape-map` of an hsm-fifo replay):
+    every file of the catalogue, each tape's files in position order."""
+    from django.utils import timezone
+
+    from carousel.domain.tapemap import MapLine, tape_map_load
+
+    files = sorted(workload.files.values(), key=lambda f: (f.tape, f.offset))
+    lines = ((i, MapLine(f.path, f.tape, f.media, f.offset, f.size)) for i, f in enumerate(files, 1))
+    return tape_map_load(lines=lines, now=timezone.now())
+
+
+def replay_broker(workload, *, control=None, progress=None, mismatch=None, backend="simulated", tape_map=False):
     """Run the real loop over the workload in the current (empty) database; `mismatch`: a
-    library.Mismatch for a library departing from the model the broker plans with."""
+    library.Mismatch for a library departing from the model the broker plans with. `backend`
+    "hsm-fifo": a tape system that hides its tapes (carousel/sim/hsm.py), the control row's drives
+    to plan for set to the library's; `tape_map`: the workload's tapes loaded as the site's map."""
     from carousel.domain import intake
     from carousel.loop.cycle import run_cycle
     from carousel.models import ACTIVE_STATES, Control, RestoreRequest
     from carousel.domain.services import restore_submit
+    from carousel.sim.hsm import FifoLibrary, HiddenTapesStager
     from carousel.stagers.simulated import SimulatedStager
 
     began = time.perf_counter()
+    if backend not in BACKENDS:
+        raise ReplayError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if tape_map and backend != "hsm-fifo":
+        raise ReplayError("a tape map is for a backend that hides its tapes: --backend hsm-fifo")
     if RestoreRequest.objects.exists():
         raise ReplayError("the database already holds requests: a replay needs an empty, throwaway database")
     users = setup_database(workload, control or {})
     row = Control.get()
+    if backend == "hsm-fifo":
+        # It shows no drives: the operator gives the count to plan for, as for tape-rest.
+        row.drives = sum(workload.drives.values())
+        row.save()
+    if tape_map:
+        load_workload_map(workload)
     period = row.cycle_s
-    library = new_library(workload, mismatch)
+    hidden = backend == "hsm-fifo"
+    library = new_library(workload, mismatch, kind=FifoLibrary if hidden else Library)
     start = workload.requests[0].t
     clock = [start]
-    stager = SimulatedStager(library=library, files=workload.files, clock=lambda: clock[0])
+    stager = (HiddenTapesStager if hidden else SimulatedStager)(library=library, files=workload.files,
+                                                                 clock=lambda: clock[0])
     arrivals = _arrivals(workload)
     next_arrival = 0
     cycle = cycles = 0
@@ -224,8 +256,11 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None):
         requests.append((username, (created - EPOCH).total_seconds(), restored, path))
     policy = {"sort": row.sort_policy, "share": row.share_policy, "files_per_job": row.files_per_job,
               "jobs_in_flight": row.jobs_in_flight, "cycle_s": row.cycle_s}
+    extra = _mismatch_extra(mismatch)
+    if hidden:
+        extra.update(backend=backend, tape_map=tape_map)
     return Outcome(library=library, start=start, requests=requests, policy=policy, cycles=cycles,
-                   wall_s=time.perf_counter() - began, extra=_mismatch_extra(mismatch))
+                   wall_s=time.perf_counter() - began, extra=extra)
 
 
 def next_change(library, *, horizon):

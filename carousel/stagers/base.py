@@ -1,5 +1,8 @@
 """The contract between the loop and a tape backend. A backend subclasses Stager."""
+import re
 from dataclasses import dataclass, field
+
+MAX_LABEL = 64  # Tape.label's max_length
 
 
 class StagerUnavailable(Exception):
@@ -14,6 +17,22 @@ class Location:
     position: int  # byte offset from the beginning of the tape
     size: int
     media: str = ""
+    # False when the backend cannot tell the file's tape (Tape REST never does): `tape` is then
+    # a stand-in (directory_tape_label) and the locating step looks the file up in the site's
+    # tape map (carousel/loop/locating.py) before it falls back to the stand-in.
+    tape_known: bool = True
+
+
+def directory_tape_label(path):
+    """A stand-in tape for a file whose backend hides its tape. Files of one directory were
+    mostly written together (one dataset, one tape family), so the directory is the best guess
+    at "likely on the same tape": it keeps a job's files together the way the backend's recall
+    queue would."""
+    directory = re.sub(r"/{2,}", "/", path).rsplit("/", 1)[0] or "/"
+    label = f"rest:{directory}"
+    if len(label) > MAX_LABEL:
+        label = f"rest:~{directory[-(MAX_LABEL - 6):]}"  # the deepest part tells datasets apart
+    return label
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ import signal
 import subprocess
 
 from carousel.models import ErrorClass, Job
-from carousel.stagers.base import FileStatus, LocateError, Location, Stager, StagerUnavailable
+from carousel.stagers.base import (
+    FileStatus, LocateError, Location, Stager, StagerUnavailable, directory_tape_label,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +141,13 @@ class CommandStager(Stager):
                 answers[path] = LocateError(path=path, error_class=_error_class(obj),
                                             message=_field(obj, "error", str))
                 return
-            tape = _field(obj, "tape", str)
+            tape = _field(obj, "tape", str, None)
+            if tape is None:
+                # The tape system does not say: the site's tape map may (carousel/loop/locating.py).
+                size = _count(obj, "size") if obj.get("size") is not None else 0
+                answers[path] = Location(path=path, tape=directory_tape_label(path), position=0, size=size,
+                                         tape_known=False)
+                return
             if not tape.strip():
                 raise _Problem('"tape" is empty')
             answers[path] = Location(path=path, tape=tape, position=_count(obj, "position"),

@@ -31,8 +31,10 @@ from pathlib import Path
 from django.conf import settings
 
 from carousel.models import ErrorClass
-from carousel.tape import MEDIA
-from carousel.stagers.base import FileStatus, LocateError, Location, Stager, StagerUnavailable
+from carousel.tape import BEYOND_TAPE_END, MEDIA
+from carousel.stagers.base import (
+    FileStatus, LocateError, Location, Stager, StagerUnavailable, directory_tape_label,
+)
 
 # ----------------------------------------------------------------------------------------------
 # What hsi prints, and how it is read. Sources:
@@ -282,12 +284,9 @@ def media_rules(media, default_media):
 # With a technology known, the broker plans mounts for the tape (carousel/loop/mounts.py) and orders
 # its files with the tape model, which takes Location.position for a byte offset. HPSS gives
 # no byte offset, only (section, offset in it), so the key is moved past the end of every
-# technology's tape: the model then sees the files one after another at the tape's end, each
-# reached by a forward locate of the same cost, so the order stays HPSS's own (ascending key,
-# which its Tape Ordered Recall refines) and a mount's estimate counts its loads, a locate per
-# file, its reads and its rewind, without the head travel no one here can know.
-BEYOND_TAPE_END = 1 << OFFSET_BITS
-assert all(max(m.capacity_bytes, m.wraps * m.bytes_per_wrap) < BEYOND_TAPE_END for m in MEDIA.values())
+# technology's tape (carousel.tape.BEYOND_TAPE_END), so the order stays HPSS's own (ascending
+# key, which its Tape Ordered Recall refines).
+assert BEYOND_TAPE_END == 1 << OFFSET_BITS
 
 
 class HpssStager(Stager):
@@ -296,11 +295,17 @@ class HpssStager(Stager):
     Options beside hsi's: `media`, {technology: [cartridge label patterns]} (fnmatch, e.g.
     {"LTO-7": ["AG*", "VB*"], "LTO-8": "AU*"}), and `default_media` for labels no pattern
     matches: the technology of each volume, which hsi does not print, so that the broker plans
-    mounts for HPSS's tapes (with the control row's drive count: hsi shows no drives)."""
+    mounts for HPSS's tapes (with the control row's drive count: hsi shows no drives).
+
+    `volumes` false: the volumes hsi lists are not to be trusted or not shown to the broker's
+    account (a site's HPSS that hides them): locate keeps what `ls -P` says of a file's
+    existence and size, and its tape comes from the site's tape map (carousel/loop/locating.py),
+    else the directory stands in for it, as for tape-rest."""
 
     def __init__(self, hsi="hsi", timeout_s=120, batch=500, extra_args=(), state_dir=None,
-                 stage_command="stage", keep_days=30, media=None, default_media=""):
+                 stage_command="stage", keep_days=30, media=None, default_media="", volumes=True):
         self.media_rules = media_rules(media, default_media)
+        self.volumes = bool(volumes)
         self.hsi = str(hsi)
         self.timeout_s = timeout_s
         self.batch = batch
@@ -412,6 +417,9 @@ class HpssStager(Stager):
         return next((media for pattern, media in self.media_rules if fnmatch.fnmatchcase(tape, pattern)), "")
 
     def _location(self, path, listed, errors):
+        if path in listed and not self.volumes:
+            return Location(path=path, tape=directory_tape_label(path), position=0, size=listed[path].size,
+                            tape_known=False)
         if path in listed:
             size, tape, position = listed[path]
             media = self.media_of(tape)

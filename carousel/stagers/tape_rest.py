@@ -16,7 +16,9 @@ from urllib.parse import quote, urljoin
 
 import httpx
 
-from carousel.stagers.base import FileStatus, LocateError, Location, Stager, StagerUnavailable
+from carousel.stagers.base import (
+    MAX_LABEL, FileStatus, LocateError, Location, Stager, StagerUnavailable, directory_tape_label,
+)
 
 log = logging.getLogger("carousel.stagers.tape_rest")
 
@@ -27,7 +29,6 @@ FILE_STATES = {"SUBMITTED": "queued", "STARTED": "staging", "COMPLETED": "done"}
 # "connection lost" is a network hiccup, not a lost file.
 PERMANENT_ERRORS = re.compile(r"no such file|not found|does not exist|(?<!connection )\blost\b", re.IGNORECASE)
 TAPE_KEYS = ("tape", "vid")  # vid: CTA's name for a tape label
-MAX_LABEL = 64  # Tape.label's max_length
 
 
 class TapeRestStager(Stager):
@@ -145,10 +146,13 @@ class TapeRestStager(Stager):
         # An absent locality means "not known", never "no file" (that gets an error): the file
         # exists, so it is staged and the stage request tells how it went.
         # v1 gives neither position nor size: 0 for both; the backend orders its own recalls.
-        return Location(path=path, tape=self._tape_label(path, entry), position=0, size=0)
+        # Without a tape of the server's, the site's tape map may know it (carousel/loop/locating.py).
+        tape = self._tape_label(entry)
+        return Location(path=path, tape=tape or synthetic_tape_label(path), position=0, size=0,
+                        tape_known=bool(tape))
 
-    def _tape_label(self, path, entry):
-        """The tape a server names, if any does (no v1 server is required to), else a stand-in."""
+    def _tape_label(self, entry):
+        """The tape a server names, if any does (no v1 server is required to), else ""."""
         targeted = entry.get("targetedMetadata")
         ours = targeted.get(self.site or self._sitename) if isinstance(targeted, dict) else None
         offered = [entry.get("metadata"), ours]
@@ -156,7 +160,7 @@ class TapeRestStager(Stager):
             for key in TAPE_KEYS:
                 if isinstance(metadata, dict) and metadata.get(key):
                     return str(metadata[key])[:MAX_LABEL]
-        return synthetic_tape_label(path)
+        return ""
 
     def _stage_entry(self, path, job):
         entry = {"path": path}
@@ -321,14 +325,8 @@ def path_key(path):
 
 
 def synthetic_tape_label(path):
-    """v1 hides which tape holds a file. Files of one directory were mostly written together
-    (one dataset, one tape family), so the directory is the best stand-in for "likely on the
-    same tape": it keeps a job's files together the way the backend's recall queue would."""
-    directory = path_key(path).rsplit("/", 1)[0] or "/"
-    label = f"rest:{directory}"
-    if len(label) > MAX_LABEL:
-        label = f"rest:~{directory[-(MAX_LABEL - 6):]}"  # the deepest part tells datasets apart
-    return label
+    """v1 hides which tape holds a file: the directory stands in for it (base.directory_tape_label)."""
+    return directory_tape_label(path)
 
 
 def iso_duration(lifetime):

@@ -57,6 +57,11 @@ class Command(BaseCommand):
         parser.add_argument("--sort", help="sorting policy (a name in CAROUSEL_SORT_POLICIES)")
         parser.add_argument("--share", help="sharing policy (a name in CAROUSEL_SHARE_POLICIES)")
         parser.add_argument("--baseline", choices=replay.BASELINES, help="replay a baseline instead of the broker")
+        parser.add_argument("--backend", choices=replay.BACKENDS, default="simulated",
+                            help="the tape system behind the broker: simulated (it tells tapes, positions, drives) "
+                                 "or hsm-fifo (it hides them, as through Tape REST; one FIFO recall queue)")
+        parser.add_argument("--tape-map", action="store_true",
+                            help="with --backend hsm-fifo: give the broker the workload's tapes as the site's tape map")
         parser.add_argument("--files-per-job", type=int, help="N of the control row")
         parser.add_argument("--jobs-in-flight", type=int, help="K of the control row")
         parser.add_argument("--cycle", type=float, help="cycle period of the control row, seconds")
@@ -91,9 +96,13 @@ class Command(BaseCommand):
         if options["mismatch_seed"] is not None and not options["mismatch"]:
             raise CommandError("--mismatch-seed needs --mismatch P with P > 0")
         mismatch = Mismatch(options["mismatch"], options["mismatch_seed"] or 0) if options["mismatch"] else None
+        if options["tape_map"] and options["backend"] != "hsm-fifo":
+            raise CommandError("--tape-map is for a backend that hides its tapes: add --backend hsm-fifo")
         if options["baseline"]:
             if options["sort"] or options["share"]:
                 raise CommandError("--sort and --share apply to the broker, not to a baseline")
+            if options["backend"] != "simulated":
+                raise CommandError("--backend applies to the broker, not to a baseline (baselines drive the library)")
             outcome = replay.replay_baseline(workload, options["baseline"], mismatch=mismatch)
             return self._finish(workload, outcome, options)
         if options["here"] or os.environ.get(CHILD_ENV):
@@ -108,7 +117,8 @@ class Command(BaseCommand):
 
             try:
                 outcome = replay.replay_broker(workload, control=self._control(options), progress=progress,
-                                               mismatch=mismatch)
+                                               mismatch=mismatch, backend=options["backend"],
+                                               tape_map=options["tape_map"])
             except replay.ReplayError as exc:
                 raise CommandError(str(exc)) from exc
             return self._finish(workload, outcome, options)
@@ -146,6 +156,8 @@ class Command(BaseCommand):
 def summary(result):
     who = f"baseline {result['baseline']}" if result["baseline"] else (
         f"broker {result['policy']['sort']}/{result['policy']['share']}")
+    if result.get("backend"):
+        who += f" on {result['backend']}{' with the tape map' if result.get('tape_map') else ''}"
     if result.get("mismatch"):
         who += f" (mismatch {result['mismatch']} seed {result['mismatch_seed']})"
     return (f"{result['workload']} {who}: makespan {result['makespan_s']:.0f} s, lower bound "
@@ -157,9 +169,11 @@ def _as_arguments(options):
     """The options again as a command line, for the child."""
     out = [options["workload"], "--verbosity", str(options["verbosity"])]
     for name in ("sort", "share", "files_per_job", "jobs_in_flight", "cycle", "report", "plot", "database",
-                 "mismatch", "mismatch_seed"):
+                 "mismatch", "mismatch_seed", "backend"):
         if options.get(name) is not None:
             out += [f"--{name.replace('_', '-')}", str(options[name])]
+    if options.get("tape_map"):
+        out.append("--tape-map")
     for name, value in options["set"]:
         out += ["--set", f"{name}={json.dumps(value)}"]
     return out
