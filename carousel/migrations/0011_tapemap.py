@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('carousel', '0008_counter_deltas'),
+        ('carousel', '0010_activities'),
     ]
 
     operations = [
