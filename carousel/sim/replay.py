@@ -305,6 +305,27 @@ def group_shares(workload, requests):
     return {g: (counted[g] / total if total else None) for g in groups}
 
 
+DAY_S = 86400.0
+
+
+def max_mounts_per_day(mount_log):
+    """The most mounts of one tape in any sliding 24-hour window of simulated time (a
+    cartridge's wear: LTO media are rated for about 20,000 loads): `mount_log` is the library's
+    (time, tape) of every mount. 0 when nothing was mounted."""
+    times = {}
+    for at, tape in mount_log:
+        times.setdefault(tape, []).append(at)
+    most = 0
+    for moments in times.values():
+        moments.sort()
+        first = 0
+        for last, at in enumerate(moments):
+            while at - moments[first] >= DAY_S:
+                first += 1
+            most = max(most, last - first + 1)
+    return most
+
+
 def report(workload, outcome, bound=None):
     """The report of workloads/README.md (plus extras). Raises ReplayError when the makespan
     lies below the lower bound: the model or the bound is wrong. On a departed library (a
@@ -374,6 +395,7 @@ def report(workload, outcome, bound=None):
         "ratio_to_bound": makespan / bound.seconds if bound.seconds else None,
         "lower_bound_parts": bound.parts,
         "mounts_per_tape": library.mounts / tapes if tapes else None,
+        "max_mounts_per_tape_day": max_mounts_per_day(library.mount_log),
         "cycles": outcome.cycles,
         # Per group: how the users' longest waits spread (the storm target reads these).
         "group_waits": group_waits,
