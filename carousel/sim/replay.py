@@ -31,7 +31,7 @@ BASELINES = ("direct", "eradat", "eradat-rao")
 # Control fields a replay may set (the rest keep their shipped defaults).
 CONTROL_FIELDS = ("sort_policy", "share_policy", "files_per_job", "jobs_in_flight", "cycle_s", "default_user_cap",
                   "default_group_cap", "max_wait_s", "mount_min_files", "mount_min_bytes", "mount_max_wait_s",
-                  "policy_params")
+                  "min_mount_files", "min_mount_bytes", "remount_delay_s", "policy_params")
 MAX_SIMULATED_S = 60 * 86400.0
 
 
@@ -255,6 +255,19 @@ def _loop_deadline(row, now):
         for wait in (row.max_wait_s, row.mount_max_wait_s):
             if wait > 0:
                 moments.append(first["oldest"] + timedelta(seconds=wait))
+        # The wear rules (carousel/loop/wear.py) free a held run when its oldest request has
+        # waited mount_max_wait_s, or its tape's remount delay ends: the next of each.
+        at = EPOCH + timedelta(seconds=now)
+        if row.mount_max_wait_s > 0:
+            nxt = RestoreRequest.objects.filter(state=RequestState.QUEUED, created_at__gt=at - timedelta(
+                seconds=row.mount_max_wait_s)).aggregate(m=Min("created_at"))["m"]
+            if nxt:
+                moments.append(nxt + timedelta(seconds=row.mount_max_wait_s))
+        if row.remount_delay_s > 0:
+            nxt = Job.objects.filter(sent_at__isnull=False, finished_at__gt=at - timedelta(
+                seconds=row.remount_delay_s)).aggregate(m=Min("finished_at"))["m"]
+            if nxt:
+                moments.append(nxt + timedelta(seconds=row.remount_delay_s))
     progress = Job.objects.filter(state=JobState.SENT).aggregate(m=Max("progress_at"))["m"]
     if progress:
         moments.append(progress + timedelta(seconds=row.stall_after_s))
