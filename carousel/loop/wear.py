@@ -13,6 +13,13 @@ A rule only chooses between candidates: it holds a run back while other work can
 drive (min_mount: while a run big enough for it, of this cycle or on the drives' chains,
 waits; remount_delay: while any other work does), never while a drive would otherwise idle.
 So a lone small request on an idle library goes at once, as without the rules.
+
+For a request's estimate (carousel/outlook/estimates.py): `mountable_at(now=..., files=,
+nbytes=` the tape's ready requests and bytes (TapeBacklog summed over users), `oldest_at=` its
+oldest ready request's arrival, `priority=` their highest, `last_unmount_at=`
+`selectors.last_unmounts([tape], since=now - remount_delay_s).get(tape)`, `rules=
+WearRules.of(control))` is the earliest moment the tape's mount may start while the drives are
+busy with other work; the estimate takes the later of it and when a drive frees.
 """
 from dataclasses import dataclass
 from datetime import timedelta
