@@ -474,8 +474,10 @@ Measured, as the history records them (`git show f444372:docs/benchmarks.md`):
 
 - The wear rules' defaults (`carousel/loop/wear.py`, issue 23): `min_mount_bytes` 500 GB and
   `min_mount_files` 10,000 are CTA's mount criteria; `remount_delay_s` 7,200 s is ENDIT's two hours
-  before a tape is mounted again, which alone bounds a tape to 12 mounts a day while other work can
-  use the drives (cartridges are rated for about 20,000 loads: 12 a day every day is 4.5 years);
+  before a tape is mounted again: 12 mounts a day at most while other work can use the drives
+  (cartridges are rated for about 20,000 loads: 12 a day every day is 4.5 years), except that a
+  request that has waited `mount_max_wait_s` goes (users' waits come first: a tape asked for
+  again every quarter hour on a busy library is still mounted about every quarter hour);
   `mount_max_wait_s` 900 s bounds what either holds back so that storm's analysts, held behind a
   backlog big enough for the rule, still go as a short mount well within their 1,800 s. No shipped
   workload has a tape run of 500 GB or 10,000 files but `pic-lto4-full` (alone on its drive), so
