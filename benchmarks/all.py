@@ -484,8 +484,10 @@ Measured, as the history records them (`git show f444372:docs/benchmarks.md`):
   min_mount holds nothing in their replays, and a request held by either rule is free after
   900 s. `manage.py simulate W` of the shared workloads on 4ec9f25 (before the rules) and
   5074d62 (with them) gave the same replays: bnl-704 2,984 s, 34 mounts, at most 2 mounts of
-  one tape in 24 h; bnl-large 5,515 s, 55, 2; overlap 8,513 s, 30, 1; the three pic-lto4 one
-  mount each. tests/test_wear.py shows what the rules hold where they bite.
+  one tape in 24 h; bnl-large 5,515 s, 55, 2; overlap 8,513 s, 30, 1 (the three pic-lto4, one
+  tape each, one mount before; not replayed with the rules). storm with the rules, stopped at
+  5.6 simulated hours for time: its 30 analysts all served, the longest wait 694 s.
+  tests/test_wear.py shows what the rules hold where they bite.
 - `carousel/loop/mounts.py::MOUNTS_AHEAD = 2`: on `groups` (weights 0.5 / 0.25 / 0.125 / 0.125), the
   whole window laid out gave cms 0.29 on a departed library; one mount ahead gave 0.43 / 0.25 / 0.16 /
   0.16; two gave 0.50 / 0.25 / 0.12 / 0.12, the smallest depth that keeps the weights.
