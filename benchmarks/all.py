@@ -157,6 +157,13 @@ def hsm_fifo_details(result):
     return lines
 
 
+def most_mounts_per_tape_day(result):
+    """The broker's max_mounts_per_tape_day over every workload (issue 23), None before it was reported."""
+    values = [replay_row(result, w, "broker TAPEID/GRPW").get("max_mounts_per_tape_day") for w in result]
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
 def replay_details(result):
     lines = ["| workload | lower bound s | eradat s | broker s | broker mounts | × eradat | × bound |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -339,7 +346,8 @@ BENCHMARKS = [
              (lambda b: b["analysts"] - b["analysts_within_1800_s"] if b.get("analysts") else None)(
                  replay_row(r, "storm", "broker TAPEID/GRPW"))), "", ("<=", 0)),
          *(Figure(f"{w}: hsm-fifo + map / eradat", hsm_map_over_eradat(w), "×", ("<=", 1.05), 3)
-           for w in ("bnl-704", "storm", "groups"))],
+           for w in ("bnl-704", "storm", "groups")),
+         Figure("most mounts of one tape in 24 h, any workload", most_mounts_per_tape_day, "", ("<=", 12))],
         args=["--quick", "--hsm-fifo", "--jobs", "2"], services=False, minutes=70, details=replay_details),
     Benchmark(
         "ablation", "What each gain is worth on a library departing from the model (issue 13)", "replay.py",
@@ -499,6 +507,22 @@ DEFAULTS = """
 
 Measured, as the history records them (`git show f444372:docs/benchmarks.md`):
 
+- The wear rules' defaults (`carousel/loop/wear.py`, issue 23): `min_mount_bytes` 500 GB and
+  `min_mount_files` 10,000 are CTA's mount criteria; `remount_delay_s` 7,200 s is ENDIT's two hours
+  before a tape is mounted again: 12 mounts a day at most while other work can use the drives
+  (cartridges are rated for about 20,000 loads: 12 a day every day is 4.5 years), except that a
+  request that has waited `mount_max_wait_s` goes (users' waits come first: a tape asked for
+  again every quarter hour on a busy library is still mounted about every quarter hour);
+  `mount_max_wait_s` 900 s bounds what either holds back so that storm's analysts, held behind a
+  backlog big enough for the rule, still go as a short mount well within their 1,800 s. No shipped
+  workload has a tape run of 500 GB or 10,000 files but `pic-lto4-full` (alone on its drive), so
+  min_mount holds nothing in their replays, and a request held by either rule is free after
+  900 s. `manage.py simulate W` of the shared workloads on 4ec9f25 (before the rules) and
+  5074d62 (with them) gave the same replays: bnl-704 2,984 s, 34 mounts, at most 2 mounts of
+  one tape in 24 h; bnl-large 5,515 s, 55, 2; overlap 8,513 s, 30, 1 (the three pic-lto4, one
+  tape each, one mount before; not replayed with the rules). storm with the rules, stopped at
+  5.6 simulated hours for time: its 30 analysts all served, the longest wait 694 s.
+  tests/test_wear.py shows what the rules hold where they bite.
 - `carousel/loop/mounts.py::MOUNTS_AHEAD = 2`: on `groups` (weights 0.5 / 0.25 / 0.125 / 0.125), the
   whole window laid out gave cms 0.29 on a departed library; one mount ahead gave 0.43 / 0.25 / 0.16 /
   0.16; two gave 0.50 / 0.25 / 0.12 / 0.12, the smallest depth that keeps the weights.

@@ -65,6 +65,7 @@ def row(result, label):
         "run": label,
         "makespan_s": result.get("makespan_s"),
         "mounts": result.get("mounts"),
+        "max_mounts_per_tape_day": result.get("max_mounts_per_tape_day"),
         "ratio": result.get("ratio_to_bound"),
         "analysts_wait_max_p95_s": analysis.get("users_wait_max_p95_s"),
         "analysts_wait_max_s": analysis.get("wait_max_s"),

@@ -149,6 +149,10 @@ class ControlAdmin(ChecksSelection, admin.ModelAdmin):
     fieldsets = [
         ("Policies", {"fields": ["sort_policy", "share_policy", "policy_params", "max_wait_s"]}),
         ("Worth mounting", {"fields": ["mount_min_files", "mount_min_bytes", "mount_max_wait_s"]}),
+        ("Mounts worth their wear", {
+            "fields": ["min_mount_files", "min_mount_bytes", "remount_delay_s"],
+            "description": "Applied by the mount planner between a cycle's candidate mounts, never leaving a drive "
+                           "idle; the wait T above frees what they hold back (README, \"Mounts worth their wear\")."}),
         ("Batches", {"fields": ["files_per_job", "jobs_in_flight", "choose_per_cycle", "cycle_s", "locate_batch",
                                 "locate_attempts", "locate_backoff_s", "paused"]}),
         ("Mount plan", {"fields": ["drives", "short_mount_s", "preempt_after_s", "preempt_gap_s"]}),

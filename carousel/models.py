@@ -97,6 +97,7 @@ CONTROL_BOUNDS = {
     "preempt_gap_s": (0, 7 * DAY), "cycle_s": (0.1, 3600), "default_user_cap": (1, 10**9),
     "default_group_cap": (1, 10**9), "default_queued_ceiling": (0, 10**9), "max_wait_s": (0, 365 * DAY),
     "mount_min_files": (1, 10**6), "mount_min_bytes": (0, 10**18), "mount_max_wait_s": (0, 365 * DAY),
+    "min_mount_files": (0, 10**9), "min_mount_bytes": (0, 10**18), "remount_delay_s": (0, 30 * DAY),
     "retry_cycle_s": (0, 7 * DAY), "max_attempts": (1, 100), "max_delivery_attempts": (1, 100),
     "stall_after_s": (1, 7 * DAY), "failure_ratio": (0, 1), "disk_threshold": (0.01, 1),
     "quarantine_failures": (1, 10_000), "quarantine_window_s": (1, 30 * DAY), "deliveries_per_fs": (1, 1000),
@@ -163,9 +164,24 @@ class Control(Singleton):
     mount_min_bytes = models.BigIntegerField("worth mounting: bytes (B)", validators=bounded("mount_min_bytes"),
                                              default=0,
                                              help_text="... or this many bytes ...")
-    mount_max_wait_s = models.FloatField("worth mounting: wait (T, s)", validators=bounded("mount_max_wait_s"),
-                                         default=0.0,
-                                         help_text="... or its oldest request has waited this long.")
+    mount_max_wait_s = models.FloatField(
+        "worth mounting: wait (T, s)", validators=bounded("mount_max_wait_s"), default=900.0,
+        help_text="... or its oldest request has waited this long. Also frees a run the wear rules below hold back.")
+    # Mounts worth their wear (issue 23; carousel/loop/wear.py, applied by the mount planner).
+    # Defaults: CTA's mount criteria (500 GB or 10,000 files), ENDIT's two hours before a tape
+    # is mounted again; mount_max_wait_s above bounds what either holds back (docs/benchmarks.md).
+    min_mount_files = models.PositiveIntegerField(
+        "wear: least files a mount", validators=bounded("min_mount_files"), default=10_000,
+        help_text="A mount starts for at least this many files or the bytes below, unless its oldest request "
+                  "waited the wait T above or it is of priority 1 or more; only while a bigger run can use the "
+                  "drive, never leaving a drive idle. 0 here or in the bytes: off.")
+    min_mount_bytes = models.BigIntegerField(
+        "wear: least bytes a mount", validators=bounded("min_mount_bytes"), default=500 * 10**9,
+        help_text="... or at least this many bytes.")
+    remount_delay_s = models.FloatField(
+        "wear: remount delay (s)", validators=bounded("remount_delay_s"), default=7200.0,
+        help_text="A tape is not mounted again this soon after its last unmount, unless a request on it waited "
+                  "the wait T above; only while other work can use the drive. 0: off.")
     retry_cycle_s = models.FloatField("retry cycle (s)", validators=bounded("retry_cycle_s"), default=600.0,
                                       help_text="Transient failures wait this long, then retry together.")
     max_attempts = models.PositiveSmallIntegerField("attempts before failing", validators=bounded("max_attempts"),

@@ -199,7 +199,9 @@ def test_files_of_a_planned_mount_that_arrive_later_join_it_in_one_pass(planned,
 
 def test_a_short_mount_goes_first_and_cuts_a_long_one_that_keeps_it_waiting(planned, alice, bob):
     now = planned
-    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900)
+    # min_mount off: at the defaults it holds the short run behind a long mount big enough for
+    # it (800 GB) for mount_max_wait_s (tests/test_wear.py); here the preemption is the subject.
+    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900, min_mount_files=0)
     long_tape = [(f"/d/L/f{i}", i * 100 * GB, 20 * GB) for i in range(40)]
     stager, clock = library_stager(1, {"L": long_tape, "S": [("/d/S/one", 300 * GB, 2 * GB)]})
     restore_submit(user=alice, paths=[p for p, _, _ in long_tape], now=now)
@@ -270,7 +272,9 @@ def test_a_replay_cuts_the_last_tapes_across_idle_drives(db, choose_per_cycle):
 def _long_mount_with_a_short_one_waiting(now, alice, bob, charlie):
     """Alice's long mount on the only drive; charlie joins her stage for ten of its files (a
     shared request spends no attempt); bob's short mount waits behind it."""
-    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900)
+    # min_mount off: at the defaults it holds the short run behind a long mount big enough for
+    # it (800 GB) for mount_max_wait_s (tests/test_wear.py); here the preemption is the subject.
+    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900, min_mount_files=0)
     long_tape = [(f"/d/L/f{i}", i * 100 * GB, 20 * GB) for i in range(40)]
     stager, clock = library_stager(1, {"L": long_tape, "S": [("/d/S/one", 300 * GB, 2 * GB)]})
     restore_submit(user=alice, paths=[p for p, _, _ in long_tape], now=now)

@@ -283,3 +283,17 @@ def test_a_replay_is_deterministic():
     assert first.library.reads == second.library.reads
     data = copy.deepcopy(small())
     assert parse(data).requests == w.requests
+
+
+def test_max_mounts_per_tape_day_counts_the_busiest_sliding_day_of_one_tape():
+    from carousel.sim.replay import max_mounts_per_day
+
+    day = 86400.0
+    log = [(0.0, "A"), (100.0, "A"), (day - 1, "A"), (day, "A"), (day + 50, "B"), (3 * day, "A")]
+    assert max_mounts_per_day(log) == 3  # 0, 100, day - 1; or 100, day - 1, day: never four
+    assert max_mounts_per_day([]) == 0
+    # In the report: direct sends the late files of a tape alone, so a tape is mounted again.
+    w = parse(small())
+    direct = report(w, replay_baseline(w, "direct"))
+    assert 1 <= direct["max_mounts_per_tape_day"] <= direct["mounts"]
+    assert direct["mounts_per_tape"] == direct["mounts"] / direct["tapes"]

@@ -159,7 +159,9 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
             files.setdefault(claimed[c.id], (*claimed[c.id], c.position or 0, c.size or 0))
         ordered[tape_id] = list(files.values())
     if drives is not None:
-        pieces = drives.lay_out(ordered, tapes, users, control=control, groups=groups)
+        priorities = {tape_id: max(c.priority for c in candidates) for tape_id, candidates in by_tape.items()}
+        pieces = drives.lay_out(ordered, tapes, users, control=control, groups=groups, now=now,
+                                priorities=priorities)
     else:
         pieces = [Planned(tape_id, files, estimate_s=_estimate(tapes[tape_id].media, files))
                   for tape_id, files in ordered.items()]

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Count, F, Q, Value
+from django.db.models import Count, F, Q, Sum, Value
 from django.db.models.functions import Greatest
 
 from policies.order import read_order
 from policies.sorting import TapeInfo
 
-from carousel.loop import plan
+from carousel.loop import plan, wear
 from carousel.loop.failures import Failure, fail_requests
 from carousel.loop.locating import any_unlocated
 from carousel.models import (
@@ -21,7 +21,8 @@ from carousel.models import (
     RestoreRequest, StagerCall, StagerHealth, Tape,
 )
 from carousel.loop.progress import files_in_flight, job_spec
-from carousel.domain.selectors import drive_allocation, drives_in_use
+from carousel.loop.wear import WearRules
+from carousel.domain.selectors import drive_allocation, drives_in_use, last_unmounts
 from carousel.domain.services import request_transition, stager_call_record
 from carousel.stagers.base import StagerUnavailable
 from carousel.tape import MEDIA, mount_profile
@@ -64,6 +65,7 @@ class MountPlanner:
     read_rate_mb_s: float | None = None
     exchange_s: float = 11.0
     taken_back: set = field(default_factory=set)  # jobs whose work this cycle plans again
+    held: dict = field(default_factory=dict)  # tape id -> the wear rule that held its new mount back this cycle
 
     @classmethod
     def from_status(cls, status, control):
@@ -88,7 +90,7 @@ class MountPlanner:
             .order_by().values_list("chain", "tape_id").distinct())
         return sum(max(0, MOUNTS_AHEAD - laid[f"{media}/{i}"]) for media, n in self.drives.items() for i in range(n))
 
-    def lay_out(self, ordered, tapes, users, *, control, groups=None):
+    def lay_out(self, ordered, tapes, users, *, control, groups=None, now=None, priorities=None):
         """[Planned] for {tape id: [(path, key, position, size)] in read order}; `users`: tape
         id -> Counter of the users whose requests these are; `groups`: tape id -> the group
         whose drive time its mount is (drive allocation, plan.Allocation). When this is the last of the
@@ -123,32 +125,43 @@ class MountPlanner:
         waiting_short = Job.objects.filter(state=JobState.PENDING, jumps_queue=True).values("chain")
         on_drive = dict(Job.objects.filter(state=JobState.SENT, tape_id__in=list(ordered)).exclude(chain="")
                         .exclude(chain__in=waiting_short).order_by("sent_at").values_list("tape_id", "chain"))
-        pieces, work = [], {}
+        steps, mounts = [], []  # in order: a piece as it is, or a new mount (the wear rules choose)
         for tape_id in order:
             files = ordered[tape_id]
             media = tapes[tape_id].media if tape_id in tapes else None
             group = media if media in self.drives else ("" if "" in self.drives else None)
             if group is None or media not in MEDIA:
-                pieces.append(Planned(tape_id, files))  # no drive or no model for it: sent at once
+                steps.append(Planned(tape_id, files))  # no drive or no model for it: sent at once
                 continue
             pre, suf = mount_profile(media, [(f[2], f[3]) for f in files], read_rate_mb_s=self.read_rate_mb_s,
                                      exchange_s=self.exchange_s)
             if tape_id in pending_tape:  # joins the tape's planned mount (claiming merges them)
                 chain, after, jumps, job = pending_tape[tape_id]
-                pieces.append(Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps,
-                                      join=job))
+                steps.append(Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps,
+                                     join=job))
             elif tape_id in on_drive:
                 # The tape is on a drive now: sent at once, the stager reads it in the same
                 # mount (a library adds a request for a mounted tape to that drive's work),
                 # instead of a second mount hours later at the end of a chain. Files of a
                 # burst located after its first cycle land here.
-                pieces.append(Planned(tape_id, files, chain=on_drive[tape_id], estimate_s=pre[-1]))
-            elif (tape_id not in replanned and pre[-1] <= control.short_mount_s
-                  and not set(users.get(tape_id, ())) & busy):
-                pieces.append(self._short(tape_id, files, pre[-1], chains, group, control))
+                steps.append(Planned(tape_id, files, chain=on_drive[tape_id], estimate_s=pre[-1]))
             else:
-                work.setdefault(group, []).append(plan.TapeWork(tape_id, tuple(range(len(files))), tuple(pre),
-                                                                tuple(suf), groups.get(tape_id)))
+                short = (tape_id not in replanned and pre[-1] <= control.short_mount_s
+                         and not set(users.get(tape_id, ())) & busy)
+                mounts.append(_NewMount(tape_id, files, pre, suf, group, short, replanned=tape_id in replanned))
+                steps.append(mounts[-1])
+        self.held = self._wear_holds(mounts, tapes, chains, control=control, now=now, priorities=priorities or {})
+        pieces, work = [], {}
+        for step in steps:
+            if isinstance(step, Planned):
+                pieces.append(step)
+            elif step.tape in self.held:
+                continue  # held back by a wear rule: its requests stay queued for a later cycle
+            elif step.short:
+                pieces.append(self._short(step.tape, step.files, step.pre[-1], chains, step.group, control))
+            else:
+                work.setdefault(step.group, []).append(plan.TapeWork(
+                    step.tape, tuple(range(len(step.files))), tuple(step.pre), tuple(step.suf), groups.get(step.tape)))
         limits = drive_allocation()
         for group, tape_work in work.items():
             ends = {name: c.end_s for name, c in chains.items() if name.startswith(f"{group}/")}
@@ -162,6 +175,67 @@ class MountPlanner:
                     after = Planned(p.tape, files, chain=name, after=after, estimate_s=p.seconds)
                     pieces.append(after)
         return pieces
+
+    def _wear_holds(self, mounts, tapes, chains, *, control, now, priorities):
+        """{tape id: rule} of this cycle's new mounts the wear rules hold back (wear.py). A rule
+        only chooses between candidates: min_mount holds a small run only while a run big
+        enough for it (a new one, or one planned or on a drive) waits for its technology's
+        drives, remount_delay a tape only while any other work does; and the drives that would
+        otherwise have nothing to do take the held runs, in turn, at once. Mounts planned
+        again (taken back) are not new."""
+        rules = WearRules.of(control)
+        mine = [m for m in mounts if not m.replanned]
+        if now is None or not mine:
+            return {}
+        unmounted = last_unmounts([m.tape for m in mine], since=now - timedelta(seconds=rules.remount_delay_s)) \
+            if rules.remount_delay_s > 0 else {}
+        rule_of, big = {}, set()
+        for m in mine:
+            info = tapes.get(m.tape)
+            # The mount reads every user's ready files on the tape (riders), not only this cycle's.
+            files = max(len(m.files), info.files if info else 0)
+            nbytes = max(sum(f[3] for f in m.files), info.bytes if info else 0)
+            at = unmounted.get(m.tape)
+            rule = wear.hold(files=files, nbytes=nbytes, oldest_age_s=info.oldest_age_s if info else 0.0,
+                             priority=priorities.get(m.tape, 0),
+                             unmounted_s_ago=None if at is None else (now - at).total_seconds(), rules=rules)
+            if rule:
+                rule_of[m.tape] = rule
+            elif rules.big_enough(files, nbytes):
+                big.add(m.group)
+        if wear.MIN_MOUNT in rule_of.values():
+            big |= self._big_on_chains(rules)
+        group_of = {m.tape: m.group for m in mine}
+        rule_of = {t: r for t, r in rule_of.items() if r != wear.MIN_MOUNT or group_of[t] in big}
+        if not rule_of:
+            return {}
+        # Drives with nothing open, less those this cycle's other new mounts take (each goes to a
+        # free drive first): the held runs take the rest, in turn.
+        free = Counter(name.rsplit("/", 1)[0] for name, c in chains.items() if c.tail is None and c.front is None)
+        free.subtract(Counter(m.group for m in mounts if m.tape not in rule_of))
+        held = {}
+        for m in mine:
+            if m.tape not in rule_of:
+                continue
+            if free[m.group] > 0:
+                free[m.group] -= 1
+            else:
+                held[m.tape] = rule_of[m.tape]
+        return held
+
+    def _big_on_chains(self, rules):
+        """The technologies (chain groups) whose drives' chains hold a long mount big enough for
+        min_mount (its requests in flight, by tape), planned or on a drive. Bounded by N x K."""
+        sizes = {}
+        for chain, tape, n, nbytes in (RestoreRequest.objects.filter(
+                state__in=IN_FLIGHT_STATES, job__state__in=(JobState.PENDING, JobState.SENT), job__jumps_queue=False)
+                .exclude(job__chain="").exclude(job_id__in=self.taken_back).order_by()
+                .values_list("job__chain", "tape_id").annotate(n=Count("id"), b=Sum("size"))
+                .values_list("job__chain", "tape_id", "n", "b")):
+            key = (chain.rsplit("/", 1)[0], tape)
+            files, total = sizes.get(key, (0, 0))
+            sizes[key] = (files + n, total + (nbytes or 0))
+        return {group for (group, _), (n, nbytes) in sizes.items() if rules.big_enough(n, nbytes)}
 
     def _short(self, tape_id, files, estimate, chains, group, control):
         """A short mount goes on the drive where it would start first: after that drive's
@@ -282,6 +356,19 @@ class MountPlanner:
             if job_id not in followed:
                 chain.tail = job_id
         return chains
+
+
+@dataclass
+class _NewMount:
+    """A tape's work this cycle that needs a mount of its own (the wear rules may hold it)."""
+
+    tape: int
+    files: list
+    pre: list
+    suf: list
+    group: str
+    short: bool
+    replanned: bool = False
 
 
 @dataclass

@@ -27,7 +27,8 @@ stops at the first violation, with the seed and the step:
   or released is sent, delivered or left at the stager without a withdrawal; no live pin is
   released;
 - while work waits, the stager answers and a drive is free, something is sent within two
-  cycles, unless a rule the simulator names holds it back;
+  cycles, unless a rule the simulator names holds it back (among them the wear rules of
+  carousel/loop/wear.py, asked as the planner asks them);
 - the counters equal a recount; one user's action never changes another user's request.
 """
 import math
@@ -41,13 +42,15 @@ from unittest import mock
 from django.core.cache import cache
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection, transaction
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Count, Max, Min, Q, Sum
 from django.test.utils import override_settings
 
 from carousel.domain import intake, pins, services
 from carousel.domain.paths import delivery_target
 from carousel.infra import queue
 from carousel.loop import cycle as cycle_module
+from carousel.domain.selectors import last_unmounts
+from carousel.loop import wear
 from carousel.loop.delivery import Delivery, DeliveryError, deliver_requests
 from carousel.loop.withdrawals import send_stager_calls
 from carousel.models import (
@@ -861,6 +864,9 @@ class Simulation:
             return "the adaptive jobs limit"
         if control.drives and open_jobs.values("tape_id").distinct().count() >= control.drives:
             return "the operator's drive count"
+        rule = self.wear_hold(ready, open_jobs, control)
+        if rule:
+            return rule
         in_flight = dict(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).order_by()
                          .values_list("user_id").annotate(n=Count("id")))
         group_in_flight = dict(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).order_by()
@@ -883,6 +889,36 @@ class Simulation:
                                 f"{control.drives}")
                 return ""
         return "user or group caps"
+
+    def wear_hold(self, ready, open_jobs, control):
+        """The wear rule (carousel/loop/wear.py) that holds every tape with ready work back, named,
+        or "": only while each of the broker's drive chains has open work (the planner holds a
+        new mount only while other work can use the drive), asking the planner's own rule."""
+        chains = set(open_jobs.exclude(chain="").values_list("chain", flat=True).distinct())
+        if len(chains) < len(self.library.drives):
+            return ""
+        rules = wear.WearRules.of(control)
+        now = self.now()
+        tapes = list(ready.order_by().values_list("tape_id").annotate(
+            n=Count("id"), b=Sum("size"), oldest=Min("created_at"), priority=Max("priority")))
+        unmounted = last_unmounts([t[0] for t in tapes], since=now - timedelta(seconds=rules.remount_delay_s))
+        big = any(rules.big_enough(n, b or 0) for _, n, b, _, _ in tapes)
+        names = set()
+        for tape, n, b, oldest, priority in tapes:
+            at = unmounted.get(tape)
+            rule = wear.hold(files=n, nbytes=b or 0, oldest_age_s=(now - oldest).total_seconds(), priority=priority,
+                             unmounted_s_ago=None if at is None else (now - at).total_seconds(), rules=rules)
+            if not rule or (rule == wear.MIN_MOUNT and not big and not self._big_planned(rules)):
+                return ""
+            names.add(rule)
+        return (f"a wear rule ({', '.join(sorted(names))}, carousel/loop/wear.py) holds every waiting tape back "
+                "while other work is planned on each drive")
+
+    @staticmethod
+    def _big_planned(rules):
+        sizes = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).order_by().values_list("tape_id").annotate(
+            n=Count("id"), b=Sum("size")).values_list("n", "b")
+        return any(rules.big_enough(n, b or 0) for n, b in sizes)
 
     def _check(self):
         self._reads()

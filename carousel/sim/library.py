@@ -140,6 +140,7 @@ class Library:
         self.changes = 0  # file state changes made by events (reads ending, drives taking jobs)
         self.segments = []
         self.reads = []  # (end time, job, path, size)
+        self.mount_log = []  # (time, tape label) of every mount, when recording: the wear per tape
         self.mismatch = mismatch
         self._departed = {}  # tape label -> its Media under the mismatch
         self._rate_factors = {}  # drive name -> its read rate factor under the mismatch
@@ -285,6 +286,8 @@ class Library:
                 for item in entry[4]:
                     self.jobs[item[0]][item[1]] = STAGING
             self.mounts += 1
+            if self.record:
+                self.mount_log.append((self.now, tape))
             self._robot(drive, FETCH)
 
     def _robot(self, drive, move):
@@ -374,6 +377,7 @@ class Library:
             "mounts": self.mounts, "bytes_read": self.bytes_read, "changes": self.changes,
             "segments": [[s.drive, s.phase, s.start, s.end, s.tape] for s in self.segments],
             "reads": [list(r) for r in self.reads],
+            "mount_log": [list(m) for m in self.mount_log],
             "mismatch": [self.mismatch.fraction, self.mismatch.seed] if self.mismatch else None,
         }
 
@@ -389,4 +393,5 @@ class Library:
         library.mounts, library.bytes_read, library.changes = state["mounts"], state["bytes_read"], state["changes"]
         library.segments = [Segment(*s) for s in state["segments"]]
         library.reads = [tuple(r) for r in state["reads"]]
+        library.mount_log = [tuple(m) for m in state.get("mount_log", [])]
         return library

@@ -38,7 +38,7 @@ BACKENDS = ("simulated", "hsm-fifo")
 # Control fields a replay may set (the rest keep their shipped defaults).
 CONTROL_FIELDS = ("sort_policy", "share_policy", "files_per_job", "jobs_in_flight", "cycle_s", "default_user_cap",
                   "default_group_cap", "max_wait_s", "mount_min_files", "mount_min_bytes", "mount_max_wait_s",
-                  "policy_params")
+                  "min_mount_files", "min_mount_bytes", "remount_delay_s", "policy_params")
 MAX_SIMULATED_S = 60 * 86400.0
 
 
@@ -295,6 +295,19 @@ def _loop_deadline(row, now):
         for wait in (row.max_wait_s, row.mount_max_wait_s):
             if wait > 0:
                 moments.append(first["oldest"] + timedelta(seconds=wait))
+        # The wear rules (carousel/loop/wear.py) free a held run when its oldest request has
+        # waited mount_max_wait_s, or its tape's remount delay ends: the next of each.
+        at = EPOCH + timedelta(seconds=now)
+        if row.mount_max_wait_s > 0:
+            nxt = RestoreRequest.objects.filter(state=RequestState.QUEUED, created_at__gt=at - timedelta(
+                seconds=row.mount_max_wait_s)).aggregate(m=Min("created_at"))["m"]
+            if nxt:
+                moments.append(nxt + timedelta(seconds=row.mount_max_wait_s))
+        if row.remount_delay_s > 0:
+            nxt = Job.objects.filter(sent_at__isnull=False, finished_at__gt=at - timedelta(
+                seconds=row.remount_delay_s)).aggregate(m=Min("finished_at"))["m"]
+            if nxt:
+                moments.append(nxt + timedelta(seconds=row.remount_delay_s))
     progress = Job.objects.filter(state=JobState.SENT).aggregate(m=Max("progress_at"))["m"]
     if progress:
         moments.append(progress + timedelta(seconds=row.stall_after_s))
@@ -387,6 +400,27 @@ def activity_shares(workload, outcome):
             for a in sorted(count)}
 
 
+DAY_S = 86400.0
+
+
+def max_mounts_per_day(mount_log):
+    """The most mounts of one tape in any sliding 24-hour window of simulated time (a
+    cartridge's wear: LTO media are rated for about 20,000 loads): `mount_log` is the library's
+    (time, tape) of every mount. 0 when nothing was mounted."""
+    times = {}
+    for at, tape in mount_log:
+        times.setdefault(tape, []).append(at)
+    most = 0
+    for moments in times.values():
+        moments.sort()
+        first = 0
+        for last, at in enumerate(moments):
+            while at - moments[first] >= DAY_S:
+                first += 1
+            most = max(most, last - first + 1)
+    return most
+
+
 def report(workload, outcome, bound=None):
     """The report of workloads/README.md (plus extras). Raises ReplayError when the makespan
     lies below the lower bound: the model or the bound is wrong. On a departed library (a
@@ -456,6 +490,7 @@ def report(workload, outcome, bound=None):
         "ratio_to_bound": makespan / bound.seconds if bound.seconds else None,
         "lower_bound_parts": bound.parts,
         "mounts_per_tape": library.mounts / tapes if tapes else None,
+        "max_mounts_per_tape_day": max_mounts_per_day(library.mount_log),
         "cycles": outcome.cycles,
         # Per activity, when the workload names several: drive time while all had work.
         **({"activities": shares} if (shares := activity_shares(workload, outcome)) else {}),

@@ -1,5 +1,5 @@
 """Drive allocation: what an operator gave each group, and what each group reads on now."""
-from django.db.models import Q
+from django.db.models import Max, Q
 
 from carousel.models import GroupShare, Job, JobState
 
@@ -19,3 +19,12 @@ def drives_in_use():
                          .values_list("group_id", "chain").distinct()):
         used.setdefault(group, set()).add(chain)
     return used
+
+
+def last_unmounts(tape_ids, *, since):
+    """{tape id: when its last mount ended} for the tapes of `tape_ids` read since `since`: the
+    last of its jobs sent to the stager and finished since then (a finished job is the broker's
+    sign that the library put the tape away; a tape with a job still on a drive is mounted).
+    The wear rules (carousel/loop/wear.py) read it; one query, by the jobs' tape index."""
+    return dict(Job.objects.filter(tape_id__in=list(tape_ids), sent_at__isnull=False, finished_at__gte=since)
+                .order_by().values("tape_id").annotate(at=Max("finished_at")).values_list("tape_id", "at"))
