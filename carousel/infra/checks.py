@@ -114,6 +114,10 @@ TRIGGERS = {
                    "carousel_usage_update_new", "carousel_usage_update_state", "carousel_usage_update_size",
                    "carousel_usage_delete", "carousel_usage_job_sent", "carousel_usage_job_finished"],
     },
+    "the path filter's index (PathSearch, migrations/0009_path_search.py)": {
+        "postgresql": ["carousel_path_search_insert", "carousel_path_search_delete"],
+        "sqlite": [],
+    },
 }
 
 
