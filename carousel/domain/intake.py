@@ -1,8 +1,7 @@
 """The intake: how a big submission is answered as soon as its files are durable.
 
 Storing a new RestoreRequest costs far more than writing its row: it enters the scheduler's
-indexes (the trigram index of the path among them), the counters' triggers and three foreign
-key checks. For 100,000 files that was about 6 s of the POST, eight times a bare COPY of the
+indexes, the counters' triggers and the foreign key checks. For 100,000 files that was about 6 s of the POST, eight times a bare COPY of the
 same rows. So restore_submit validates the whole submission and checks it against the user's
 active requests and ceiling (all or nothing, as before), and then writes a submission of more
 than CAROUSEL_INTAKE_ABOVE new files as narrow Intake rows (one COPY, one index) and answers.
@@ -14,6 +13,10 @@ database):
 - at the start of every cycle, for whatever is still waiting (the worker was down);
 - before a write acts on the submission or on the user's queue: the user's next submission
   (its duplicates must be seen), a cancel, a release. Reads never settle (a GET writes nothing).
+
+The path filter's trigram index (PathSearch) gets the moved requests afterwards, in a
+transaction of its own (`index_paths`: the task, then the cycle for what it missed), so the
+move does not pay for it; until then the filter reads their paths from the request table.
 
 Until then the Tape REST door shows the waiting files as SUBMITTED (grid.stage_status) and the
 submission's counts show them as queued."""
