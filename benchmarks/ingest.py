@@ -27,11 +27,15 @@ A submission this big is answered once its files are durable in the intake (caro
 the move into the queue that follows is the loop's work. After each door's answer (and its
 clock) the script checks that every file is stored, then makes that move itself, as the cycle
 would, timed and reported as <door>_settle_s beside the door's time (it is not the answer's).
+Then the step that follows the move in the same task (and in the cycle), adding the moved
+paths to the path filter's trigram index (PathSearch), timed apart as <door>_index_s: the
+files are queued, listed and found by the filter before it runs, so it is not part of the time
+until queued, but it is work the broker does for every big submission.
 
 Last line, JSON: files, api_s, tape_rest_s (null while the door is missing), bare_copy_s,
 x_bare_copy (the slower measured door's time over bare_copy_s), api_settle_s, tape_rest_settle_s,
 queued_x_bare_copy (the time until queued: the slower door's answer plus its move into the
-queue, medians, over bare_copy_s; issue 24's goal: at most 5)."""
+queue, medians, over bare_copy_s; issue 24's goal: at most 5), api_index_s, tape_rest_index_s."""
 import argparse
 import json
 import os
