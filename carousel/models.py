@@ -629,10 +629,7 @@ class RestoreRequest(models.Model):
 
     class Meta:
         constraints = [
-            # Path first: the same index finds every user's active requests for a file (one index
-            # keyed by the random digest, not two: each costs a big submission's move about 5 us
-            # a file).
-            models.UniqueConstraint(fields=["path_key", "user"], condition=Q(state__in=ACTIVE_STATES),
+            models.UniqueConstraint(fields=["user", "path_key"], condition=Q(state__in=ACTIVE_STATES),
                                     name="one_active_request_per_user_and_file"),
             models.CheckConstraint(condition=Q(priority__lte=3), name="request_priority_0_to_3"),
             models.CheckConstraint(condition=Q(state__in=RequestState.values), name="request_state_known"),
@@ -651,6 +648,8 @@ class RestoreRequest(models.Model):
                                    name="request_done_has_no_error"),
         ]
         indexes = [
+            models.Index(fields=["path_key"], name="request_active_path",
+                         condition=Q(state__in=ACTIVE_STATES)),
             # A user's requests in a state, newest first (the API's list); the oldest active
             # one (the summary: one probe per active state).
             models.Index(fields=["user", "state", "created_at"], name="request_user_state_age"),

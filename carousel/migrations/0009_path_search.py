@@ -7,11 +7,7 @@ except the rows of a submission whose paths are indexed after its move
 delete. The filter (carousel/infra/db.py, path_contains) reads this index and, for the few
 submissions not indexed yet, their requests' paths.
 
-The unique index of active requests per (user, file) now leads with the file, and serves the
-look-ups of a file's active requests that request_active_path served: one index keyed by the
-random digest instead of two (each cost the move about 5 us a file).
-
-The trigram part is PostgreSQL only: SQLite has no trigram index (its filter is a LIKE over the request table), so
+PostgreSQL only: SQLite has no trigram index (its filter is a LIKE over the request table), so
 there the table stays empty and no trigger is made."""
 from django.db import migrations, models
 
@@ -86,13 +82,4 @@ class Migration(migrations.Migration):
                                name="bulk_paths_unsearchable"),
         ),
         migrations.RunPython(forwards, backwards),
-        # One index of the active requests by path, not two (the unique one led by the user).
-        migrations.RemoveConstraint(model_name="restorerequest", name="one_active_request_per_user_and_file"),
-        migrations.AddConstraint(
-            model_name="restorerequest",
-            constraint=models.UniqueConstraint(
-                condition=models.Q(("state__in", ("queued", "submitted", "staging", "retry", "delivering"))),
-                fields=("path_key", "user"), name="one_active_request_per_user_and_file"),
-        ),
-        migrations.RemoveIndex(model_name="restorerequest", name="request_active_path"),
     ]
