@@ -77,3 +77,5 @@ def settle_intake(bulk_id):
     """Queue a big submission's files from the intake, right after its answer (carousel/domain/intake.py);
     what this does not do, the next cycle does."""
     intake.settle(bulk_id, now=timezone.now())
+    # Then, queued and committed, their paths join the path filter's index.
+    intake.index_paths(bulk_id)

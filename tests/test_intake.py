@@ -269,3 +269,51 @@ def test_the_submissions_hex_keys_are_the_path_keys():
 
     paths = ["/a/b", "/ü/x y", "/" + "z" * 4000]
     assert [uuid.UUID(k) for k in path_keys(paths)] == [path_key(p) for p in paths]
+
+
+def test_the_path_filter_finds_a_big_submissions_files_before_and_after_their_paths_are_indexed(
+        small_intake, alice, as_operator, now):
+    """The move queues a big submission's files without adding them to the path filter's index
+    (PathSearch: its trigram index was a second of a 100,000-file move); the filter still finds
+    them, from the request table, until index_paths adds them after the move."""
+    from django.db import connection
+
+    from carousel.models import PathSearch
+
+    postgres = connection.vendor == "postgresql"
+    restore_submit(user=alice, paths=["/s/needle1", "/s/x_y"], now=now)  # small: indexed at once
+    big = restore_submit(user=alice, paths=["/b/needle2", "/b/hay", "/b/needle3", "/b/xzy"], now=now)
+    assert intake.settle(big.bulk.pk, now=now) == 4
+
+    def listed(text):
+        return sorted(r["path"] for r in as_operator.get(URL, {"path": text}).json()["results"])
+
+    moved = RestoreRequest.objects.filter(bulk=big.bulk)
+    assert not Bulk.objects.get(pk=big.bulk.pk).paths_searchable
+    if postgres:
+        assert sorted(PathSearch.objects.values_list("path", flat=True)) == ["/s/needle1", "/s/x_y"]
+    assert listed("needle") == ["/b/needle2", "/b/needle3", "/s/needle1"]
+    assert listed("x_y") == ["/s/x_y"]  # a LIKE wildcard in the text is a character
+
+    assert intake.index_paths(big.bulk.pk) == (4 if postgres else 0)
+    assert intake.index_paths(big.bulk.pk) == 0  # once
+    assert Bulk.objects.get(pk=big.bulk.pk).paths_searchable
+    if postgres:
+        assert set(PathSearch.objects.values_list("request_id", flat=True)) == set(
+            RestoreRequest.objects.values_list("id", flat=True))
+    assert listed("needle") == ["/b/needle2", "/b/needle3", "/s/needle1"]
+    assert listed("x_y") == ["/s/x_y"]
+
+    moved.delete()  # as retention deletes requests: their rows in the index go with them
+    assert listed("needle") == ["/s/needle1"]
+    if postgres:
+        assert sorted(PathSearch.objects.values_list("path", flat=True)) == ["/s/needle1", "/s/x_y"]
+
+
+def test_the_task_and_the_cycle_index_the_moved_paths(small_intake, alice, now, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):  # the task: the move, then the index
+        by_task = restore_submit(user=alice, paths=["/k/1", "/k/2", "/k/3"], now=now)
+    assert Bulk.objects.get(pk=by_task.bulk.pk).paths_searchable
+    left = restore_submit(user=alice, paths=["/c/1", "/c/2", "/c/3"], now=now)  # no task ran
+    run_cycle(now=now)
+    assert Bulk.objects.get(pk=left.bulk.pk).paths_searchable

@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # A file of the first chain; the chain is read from the last commit that has it.
 FIRST_CHAIN_LAST = "carousel/migrations/0021_intake.py"
 FIRST_CHAIN_PACKAGE = "first_chain_migrations"
+# Triggers the code relies on that migrations after the first chain make (0009_path_search).
+MADE_AFTER_THE_SQUASH = {"carousel_path_search_insert", "carousel_path_search_delete"}
 # The squashed set alone (the files that replace the first chain), so that migrations added
 # after the squash do not enter the comparison.
 SQUASHED_PACKAGE = "squashed_migrations"
@@ -210,7 +212,7 @@ def test_the_squashed_migrations_build_the_first_chains_database_on_postgresql(f
     build_both(dict(env, DATABASE_URL=first_url), dict(env, DATABASE_URL=squashed_url), first_chain)
     first = pg_snapshot(first_url)
     assert {name for _, name, *_ in first["triggers"]} == {n for names in TRIGGERS.values()
-                                                           for n in names["postgresql"]}
+                                                           for n in names["postgresql"]} - MADE_AFTER_THE_SQUASH
     assert_same(first, pg_snapshot(squashed_url))
     check_upgrade(first_chain, dict(env, DATABASE_URL=first_url), lambda: pg_applied(first_url),
                   lambda: pg_applied(squashed_url))

@@ -1,8 +1,7 @@
 """The intake: how a big submission is answered as soon as its files are durable.
 
 Storing a new RestoreRequest costs far more than writing its row: it enters the scheduler's
-indexes (the trigram index of the path among them), the counters' triggers and three foreign
-key checks. For 100,000 files that was about 6 s of the POST, eight times a bare COPY of the
+indexes, the counters' triggers and the foreign key checks. For 100,000 files that was about 6 s of the POST, eight times a bare COPY of the
 same rows. So restore_submit validates the whole submission and checks it against the user's
 active requests and ceiling (all or nothing, as before), and then writes a submission of more
 than CAROUSEL_INTAKE_ABOVE new files as narrow Intake rows (one COPY, one index) and answers.
@@ -15,6 +14,10 @@ database):
 - before a write acts on the submission or on the user's queue: the user's next submission
   (its duplicates must be seen), a cancel, a release. Reads never settle (a GET writes nothing).
 
+The path filter's trigram index (PathSearch) gets the moved requests afterwards, in a
+transaction of its own (`index_paths`: the task, then the cycle for what it missed), so the
+move does not pay for it; until then the filter reads their paths from the request table.
+
 Until then the Tape REST door shows the waiting files as SUBMITTED (grid.stage_status) and the
 submission's counts show them as queued."""
 import contextvars
@@ -26,7 +29,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from carousel.infra import db, queue
-from carousel.models import ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, BulkItem, Intake, RequestState, RestoreRequest
+from carousel.models import (ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, BulkItem, Intake, PathSearch, RequestState,
+                             RestoreRequest)
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +160,40 @@ def settle(bulk_id, *, now=None, wait=True):
     if own:
         log.info("intake of %s: %d files had become active requests of the user before the move", bulk_id, own)
     return moved
+
+
+def index_paths(bulk_id):
+    """After its move: add a submission's requests to the path filter's index (PathSearch), in a
+    transaction of its own, so the move that queues the files does not pay for it (a trigram
+    index costs about a second per 100,000 paths). Until then the filter reads these paths from
+    the request table (db.path_contains). Returns how many paths were added."""
+    with transaction.atomic():
+        bulk = (Bulk.objects.select_for_update().filter(pk=bulk_id, pending=0, paths_searchable=False)
+                .only("pk").first())
+        if bulk is None:
+            return 0
+        added = 0
+        if db.is_postgres():  # SQLite has no trigram index: its filter reads the request table
+            with connection.cursor() as cursor:
+                cursor.execute(f"INSERT INTO {PathSearch._meta.db_table} (request_id, path) "
+                               f"SELECT id, path FROM {REQUESTS} WHERE bulk_id = %s ON CONFLICT DO NOTHING",
+                               [Bulk._meta.pk.get_db_prep_value(bulk.pk, connection)])
+                added = cursor.rowcount
+        Bulk.objects.filter(pk=bulk.pk).update(paths_searchable=True)
+    return added
+
+
+def index_pending(*, most=None):
+    """The cycle's share of index_paths: submissions moved and not yet indexed (the task that
+    indexes them right after their move did not run), oldest first, up to about `most` paths."""
+    most = most or settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION
+    added = 0
+    for bulk_id in (Bulk.objects.filter(paths_searchable=False, pending=0).order_by("created_at")
+                    .values_list("pk", flat=True)):
+        if added >= most:
+            break
+        added += index_paths(bulk_id)
+    return added
 
 
 def settle_user(user):

@@ -152,7 +152,8 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
         priority = max(priority, chosen.priority)
         big = intake.goes_through(len(new))
         bulk = Bulk.objects.create(user=user, created_at=now, files=len(clean), created=len(new), notify=notify,
-                                   label=label, pending=len(new) if big else 0, priority=priority,
+                                   label=label, pending=len(new) if big else 0, paths_searchable=not big,
+                                   priority=priority,
                                    destination=destination or "", destination_layout=destination_layout,
                                    deadline=deadline, pin_lifetime=pin_lifetime,
                                    group=group, activity=(activity or "").strip()[:128],

@@ -114,6 +114,12 @@ TRIGGERS = {
                    "carousel_usage_update_new", "carousel_usage_update_state", "carousel_usage_update_size",
                    "carousel_usage_delete", "carousel_usage_job_sent", "carousel_usage_job_finished"],
     },
+    "the path filter's index (PathSearch)": {
+        "postgresql": ["carousel_path_search_insert", "carousel_path_search_delete"],
+        "sqlite": [],
+        # Made by a migration after the squashed set: checked where that migration is applied.
+        "migration": ("carousel", "0009_path_search"),
+    },
 }
 
 
@@ -141,6 +147,8 @@ def triggers_exist(app_configs, databases=None, **kwargs):
             continue
         installed = installed_triggers(connection)
         for kept, names in TRIGGERS.items():
+            if "migration" in names and names["migration"] not in executor.loader.applied_migrations:
+                continue
             missing = [name for name in names[connection.vendor] if name not in installed]
             if missing:
                 errors.append(Error(

@@ -72,6 +72,21 @@ def in_keys(field, keys):
     return Q(**{f"{field}__in": keys})
 
 
+def path_contains(value):
+    """The requests whose path contains `value` (the lists' path filter), for a query of
+    RestoreRequest. PostgreSQL: the ids from the trigram index of PathSearch (migration 0009), and
+    those of the few submissions whose paths are indexed only after their move from the intake,
+    read from their requests (one UNION, one index per part: the planner cannot use an index for
+    an OR of two subqueries). SQLite: a LIKE over the request table."""
+    if not is_postgres():
+        return Q(path__contains=value)
+    pattern = f"%{connection.ops.prep_for_like_query(value)}%"
+    return Q(id__in=RawSQL(
+        "SELECT s.request_id FROM carousel_pathsearch s WHERE s.path LIKE %s "
+        "UNION ALL SELECT r.id FROM carousel_bulk b JOIN carousel_restorerequest r ON r.bulk_id = b.id "
+        "WHERE NOT b.paths_searchable AND r.path LIKE %s", [pattern, pattern]))
+
+
 @contextlib.contextmanager
 def try_lock(name):
     """A non-blocking lock held for the duration of the block: yields True when taken, False

@@ -98,6 +98,7 @@ def _steps(*, now, stager, control, report):
     # Big submissions whose files still wait in the intake (the task that queues them right
     # after their answer did not run: a worker down) join the queue first.
     intake.settle_pending(now=now)
+    intake.index_pending()
     # What changes with time alone: deadlines passed, retry times reached.
     report.expired = expire_requests(now=now)
     report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)

@@ -3,6 +3,7 @@ from django.db.models import Q
 
 from carousel.domain.selectors.summary import state_counts
 from carousel.domain.selectors.visibility import visible_requests
+from carousel.infra import db
 from carousel.models import BulkItem, Intake, RequestState, RestoreRequest
 
 
@@ -26,7 +27,7 @@ def filter_requests(qs, *, state=None, bulk=None, tape=None, since=None, until=N
     if until:
         qs = qs.filter(created_at__lt=until)
     if path:
-        qs = qs.filter(path__contains=path)
+        qs = qs.filter(db.path_contains(path))
     return qs
 
 
