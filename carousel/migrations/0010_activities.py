@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('auth', '0012_alter_user_first_name_max_length'),
-        ('carousel', '0008_counter_deltas'),
+        ('carousel', '0009_path_search'),
     ]
 
     operations = [
