@@ -126,6 +126,11 @@ def newest_bulks(user, *, size=10, before=None):
     return rows[:size], (rows[size - 1].created_at if len(rows) > size else None)
 
 
+def own_bulk(user, bulk_id):
+    """The user's own submission `bulk_id`, or None."""
+    return Bulk.objects.filter(user=user, pk=bulk_id).first()
+
+
 # Where a restored file is -----------------------------------------------------------------
 
 WHERE_DISK, WHERE_DELIVERED, WHERE_IN_PLACE = "disk", "delivered", "in_place"
