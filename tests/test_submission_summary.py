@@ -3,6 +3,7 @@ not yet (GET bulks/{id}/summary/); the lists of its restored files (with where t
 its failures, to download; where each restored file is in every answer that shows one."""
 import csv
 import io
+import re
 from datetime import timedelta
 
 import pytest
@@ -161,3 +162,38 @@ def test_every_request_answer_says_where_a_restored_file_is(alice):
     one = api.get(f"/api/v1/requests/{ids['/s/disk']}/").json()
     assert (one["where"], one["where_kind"], one["pin_until"]) == ("/stage/s/disk", "disk",
                                                                    listed["/s/disk"]["pin_until"])
+
+
+# --- the page ---
+
+def test_my_requests_opens_on_my_submissions_newest_first(client, alice, bob, now):
+    restore_submit(user=alice, now=now - timedelta(hours=1), paths=["/o/1", "/o/2"], label="old run")
+    a_submission_at_every_step(alice)
+    restore_submit(user=bob, now=now, paths=["/b/1"], label="bob's")
+    client.force_login(alice)
+    html = client.get("/").content.decode()
+    cards = re.findall(r'<article class="submission" data-bulk="([^"]+)"', html)
+    assert len(cards) == 2 and "bob's" not in html
+    newest = html[html.index(cards[0]):html.index(cards[1])]
+    assert 'aria-label="3 restored, 1 being read, 1 planned, 2 queued, 1 waiting to retry, 1 failed"' in newest
+    assert re.search(r'data-testid="estimate">the rest (about|not before) \d\d:\d\d', newest)
+    assert f"/api/v1/bulks/{cards[0]}/restored.csv" in newest and f"/api/v1/bulks/{cards[0]}/failed.txt" in newest
+    assert f'href="/?bulk={cards[0]}"' in newest
+    assert "old run" in html[html.index(cards[1]):]
+
+
+def test_one_submission_shows_its_summary_why_not_yet_and_where_its_files_are(client, alice):
+    bulk, _ = a_submission_at_every_step(alice)
+    client.force_login(alice)
+    html = client.get(f"/?bulk={bulk.id}").content.decode()
+    assert "Why not yet" in html and "planned on drive LTO-8/2" in html and "1 file not located yet" in html
+    assert "on disk at /<wbr>" not in html  # where a file is, as text (a path to copy)
+    assert "on disk at /stage/s/disk" in html and "pinned until" in html
+    assert "delivered to /scratch/alice/s/delivered" in html and "used in place at /s/in-place" in html
+
+
+def test_a_bad_before_is_ignored_not_an_error(client, alice, now):
+    restore_submit(user=alice, now=now, paths=["/o/1"])
+    client.force_login(alice)
+    for before in ("2026-13-45T99:00", "x" * 100, "2026-01-01T00:00"):
+        assert client.get("/", {"before": before}).status_code == 200
