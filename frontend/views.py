@@ -97,8 +97,10 @@ def _card(bulk, summary, now):
                 f"{submissions.clock(summary.estimate[1], now)} UTC") if summary.estimate else "finished"
     elif summary.estimate:
         when = f"the rest {submissions.range_text(summary.estimate, now)}"
+    elif summary.figures.not_located == sum(g.files for g in summary.figures.active):
+        when = "no estimate yet: none of its files is located yet"
     else:
-        when = "no estimate yet: no file of it is located"
+        when = "no estimate yet"
     downloads = {f"{what}_{fmt}": reverse(f"api:bulk-{what}-{fmt}", args=[bulk.pk])
                  for what, fmt in (("restored", "txt"), ("restored", "csv"), ("failed", "txt"), ("failed", "csv"))}
     return {"bulk": bulk, "summary": summary, "steps": steps, "when": when, "downloads": downloads,

@@ -101,10 +101,12 @@ def test_submit_a_list_wait_status_ls_and_why(carousel, alice, tmp_path):
     assert all(r["priority"] == 2 and Path(r["disk_path"]).read_bytes() == (carousel.archive / r["path"][1:])
                .read_bytes() for r in rows)
     code, out, _ = run(carousel, alice, "ls", "--path", "file3")
-    assert code == 0 and out.count("\n") == 2 and out.startswith("      ID  STATE") and paths[3] in out
+    assert code == 0 and out.count("\n") == 3 and out.startswith("      ID  STATE") and paths[3] in out
 
     code, out, _ = run(carousel, alice, "why", paths[0])
     assert code == 0 and f"{paths[0]}: done" in out and f"on disk at {carousel.disk}{paths[0]}" in out
+    code, out, _ = run(carousel, alice, "ls", "--path", "file4")
+    assert code == 0 and out.splitlines()[2].strip() == f"on disk at {carousel.disk}{paths[4]}"
 
 
 def test_wait_reports_failures_and_cancellations_with_their_own_codes(carousel, alice):

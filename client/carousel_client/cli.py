@@ -256,7 +256,7 @@ def summary_line(snap):
             text += f", {counts[step]:,} {step}"
     if snap["active"]:
         when = _range(snap["estimate"])
-        text += f", the rest {when}" if when else ", the rest: no estimate yet (no file located)"
+        text += f", the rest {when}" if when else ", the rest: no estimate yet"
     elif snap["estimate"]:
         text += f" (the first at {_clock(snap['estimate']['earliest'])}, the last at " \
                 f"{_clock(snap['estimate']['latest'])})"
@@ -356,9 +356,13 @@ def cmd_ls(client, args):
         if args.limit and len(rows) >= args.limit:
             break
     line = "{:>8}  {:<10}  {:>9}  {:<8}  {}".format
-    text = "\n".join([line("ID", "STATE", "SIZE", "TAPE", "PATH")]
-                     + [line(r["id"], r["state"], _size(r["size"]), r["tape"] or "-", r["path"]) for r in rows]) \
-        if rows else "(no requests)"
+    shown = [line("ID", "STATE", "SIZE", "TAPE", "PATH")]
+    for r in rows:
+        shown.append(line(r["id"], r["state"], _size(r["size"]), r["tape"] or "-", r["path"]))
+        if r.get("where"):  # a restored file: where it is, on a line of its own under it
+            shown.append(" " * 10 + where_text(r) + (f", pinned until {_clock(r['pin_until'])}"
+                                                      if r.get("pin_until") else ""))
+    text = "\n".join(shown) if rows else "(no requests)"
     out(args, rows, text)
 
 
