@@ -197,3 +197,9 @@ def test_a_bad_before_is_ignored_not_an_error(client, alice, now):
     client.force_login(alice)
     for before in ("2026-13-45T99:00", "x" * 100, "2026-01-01T00:00"):
         assert client.get("/", {"before": before}).status_code == 200
+
+
+def test_the_summary_keeps_the_submissions_own_fields(alice, now):
+    bulk = restore_submit(user=alice, now=now, paths=["/k/1"], label="run 9").bulk
+    body = client_for(alice).get(f"/api/v1/bulks/{bulk.id}/summary/").json()
+    assert (body["id"], body["user"], body["label"], body["files"]) == (str(bulk.id), "alice", "run 9", 1)
