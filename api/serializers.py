@@ -9,6 +9,7 @@ from django.utils.duration import duration_string
 
 from carousel.models import Bulk, DestinationLayout, RequestState, RestoreRequest
 from carousel.domain.paths import check_destination
+from carousel.domain.selectors.submissions import STEPS, restored_where
 from carousel.domain.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
 
 # Ids are PostgreSQL bigints: a larger number names no request, and is refused as input.
@@ -106,23 +107,43 @@ class RequestSerializer(serializers.ModelSerializer):
                                  help_text="the tape's label, null until the file is located")
     disk_path = serializers.SerializerMethodField(help_text="Where the restored copy lies on the stager's disk "
                                                             "(done requests whose stager says so); else null.")
+    where = serializers.SerializerMethodField(help_text="Where the restored file is (done requests; else null): "
+                                                        "the file it was delivered to, or its copy on the stager's "
+                                                        "disk, or its own path (used in place); see where_kind.")
+    where_kind = serializers.SerializerMethodField(help_text="'delivered', 'disk' or 'in_place' (done requests); "
+                                                             "else null.")
 
     class Meta:
         model = RestoreRequest
         fields = ["id", "path", "user", "state", "priority", "activity", "size", "tape", "position", "destination", "disk_path",
                   "deadline", "pin_lifetime", "attempts", "error_class", "last_error", "job",
-                  "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at"]
+                  "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at",
+                  "where", "where_kind", "pin_until"]
         read_only_fields = fields
 
     def get_disk_path(self, obj) -> str | None:
         return obj.staged_path or None if obj.state == RequestState.DONE else None
+
+    def get_where(self, obj) -> str | None:
+        return _where(obj.state, obj.path, obj.staged_path, obj.destination, obj.destination_layout)[1]
+
+    def get_where_kind(self, obj) -> str | None:
+        return _where(obj.state, obj.path, obj.staged_path, obj.destination, obj.destination_layout)[0]
+
+
+def _where(state, path, staged_path, destination, layout):
+    """(kind, place) of a restored file, (None, None) for any other."""
+    if state != RequestState.DONE:
+        return None, None
+    return restored_where(path=path, staged_path=staged_path, destination=destination, destination_layout=layout)
 
 
 # The list of requests is polled all day. A page is read as values() rows and written by
 # request_list_data with RequestSerializer's rules, field by field: a model instance per row
 # (with its user and tape) and DRF's generic field walk were most of a poll's cost.
 # tests/test_list_reads.py checks that both give the same, in UTC and in another time zone.
-_REQUEST_DATES = ("deadline", "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at")
+_REQUEST_DATES = ("deadline", "created_at", "submitted_at", "started_at", "finished_at", "retry_at", "updated_at",
+                  "pin_until")
 # A timestamptz as DRF writes it in UTC (2026-11-23T18:35:59.860975Z), written by PostgreSQL.
 _UTC_TEXT = "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 
@@ -137,8 +158,8 @@ def request_list_values(queryset):
     else:
         dates = {f"shown_{name}": F(name) for name in _REQUEST_DATES}
     return queryset.values("id", "path", "user__username", "state", "priority", "activity", "size", "tape__label", "position",
-                           "destination", "staged_path", "pin_lifetime", "attempts", "error_class", "last_error",
-                           "job_id", **dates)
+                           "destination", "destination_layout", "staged_path", "pin_lifetime", "attempts",
+                           "error_class", "last_error", "job_id", **dates)
 
 
 def _date_text(value, zone):
@@ -154,7 +175,7 @@ def _date_text(value, zone):
 def request_list_data(rows):
     """RequestSerializer(instance).data for the request of each row of request_list_values."""
     zone = timezone.get_current_timezone()
-    return [{
+    return [_with_where({
         "id": row["id"],
         "path": row["path"],
         "user": row["user__username"],
@@ -178,7 +199,14 @@ def request_list_data(rows):
         "finished_at": _date_text(row["shown_finished_at"], zone),
         "retry_at": _date_text(row["shown_retry_at"], zone),
         "updated_at": _date_text(row["shown_updated_at"], zone),
-    } for row in rows]
+    }, row, zone) for row in rows]
+
+
+def _with_where(data, row, zone):
+    data["where_kind"], data["where"] = _where(row["state"], row["path"], row["staged_path"], row["destination"],
+                                               row["destination_layout"])
+    data["pin_until"] = _date_text(row["shown_pin_until"], zone)
+    return data
 
 
 class BulkSerializer(serializers.ModelSerializer):
@@ -260,6 +288,42 @@ class BulkDetailSerializer(BulkSerializer):
 
     class Meta(BulkSerializer.Meta):
         fields = [*BulkSerializer.Meta.fields, "states", "requests_url"]
+        read_only_fields = fields
+
+
+class StepCountsSerializer(serializers.Serializer):
+    def get_fields(self):
+        return {step: serializers.IntegerField() for step in STEPS}
+
+
+class EstimateSerializer(serializers.Serializer):
+    earliest = serializers.DateTimeField(help_text="unfinished: when the first of the rest may be back; "
+                                                   "finished: when its first file was restored")
+    latest = serializers.DateTimeField(allow_null=True, help_text="unfinished: when the last of the rest should be "
+                                                                  "back (null: no upper bound yet); finished: when "
+                                                                  "its last file was restored")
+
+
+class BulkSummarySerializer(BulkSerializer):
+    counts = StepCountsSerializer(read_only=True, help_text=(
+        "the submission's files per step: restored, delivering, being_read (on a drive or read), planned (in the "
+        "mount plan, not sent yet), queued, waiting_to_retry, failed, cancelled, expired; they add up to files"))
+    not_located = serializers.IntegerField(read_only=True, help_text="queued files whose tape is not known yet")
+    size = serializers.IntegerField(read_only=True, help_text="bytes of the files whose size is known")
+    bytes_restored = serializers.IntegerField(read_only=True)
+    finished = serializers.BooleanField(read_only=True, help_text="no file still active")
+    estimate = EstimateSerializer(read_only=True, allow_null=True, help_text=(
+        "null only when there is no basis: no file located (and none restored)"))
+    why = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                help_text="why not yet, summarised over the submission's files")
+    restored_url = serializers.CharField(read_only=True, help_text="restored files with where they are (JSON "
+                                                                   "pages: the request list)")
+    downloads = serializers.DictField(child=serializers.CharField(), read_only=True, help_text=(
+        "the restored paths with where they are (text, CSV) and the failures with their reasons (text, CSV)"))
+
+    class Meta(BulkSerializer.Meta):
+        fields = [*BulkSerializer.Meta.fields, "counts", "not_located", "size", "bytes_restored", "finished",
+                  "estimate", "why", "restored_url", "downloads"]
         read_only_fields = fields
 
 

@@ -1,5 +1,6 @@
 """REST API v1. Views parse, call a service or a selector, and render; nothing more."""
 from django.conf import settings
+from django.http import StreamingHttpResponse
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -20,8 +21,10 @@ from carousel.domain import services
 from carousel.domain.paths import check_path
 from carousel.models import Bulk, RestoreRequest
 from carousel.outlook import estimates
+from carousel.outlook import submissions as submission_outlook
 from carousel.tasks import withdraw_on_commit
 
+from . import downloads
 from . import serializers as s
 
 
@@ -227,7 +230,63 @@ class BulkDetail(APIView):
         body = s.BulkSerializer(bulk).data
         body["states"] = selectors.bulk_state_counts(bulk)
         body["requests_url"] = reverse("api:request-list", request=request) + f"?bulk={bulk.id}"
+        body["summary_url"] = reverse("api:bulk-summary", args=[bulk.id], request=request)
         return Response(body)
+
+
+def _readable_bulk(request, pk):
+    """A submission the caller may read whole: 404 where not visible, 403 past a token's scopes."""
+    who = policy.identity(request)
+    bulk = get_object_or_404(Bulk.objects.select_related("user"), pk=pk)
+    policy.check_bulk(who, policy.READ, bulk)
+    policy.require_bulk_covered(who, policy.READ, bulk)
+    return bulk
+
+
+DOWNLOADS = (("restored", "txt"), ("restored", "csv"), ("failed", "txt"), ("failed", "csv"))
+
+
+def summary_body(summary, bulk, request):
+    """The summary's answer: the submission, its counts per step, estimate and why not yet."""
+    fig = summary.figures
+    estimate = None
+    if summary.estimate:
+        estimate = {"earliest": summary.estimate[0], "latest": summary.estimate[1]}
+    body = {**s.BulkSerializer(bulk).data, "counts": fig.counts, "not_located": fig.not_located,
+            "size": fig.bytes_known, "bytes_restored": fig.bytes_restored, "finished": summary.finished,
+            "estimate": estimate, "why": list(summary.why),
+            "restored_url": reverse("api:request-list", request=request) + f"?bulk={bulk.id}&state=done",
+            "downloads": {f"{what}_{fmt}": reverse(f"api:bulk-{what}-{fmt}", args=[bulk.id], request=request)
+                          for what, fmt in DOWNLOADS}}
+    return body  # as BulkSummarySerializer declares it (tests/test_schemathesis.py checks the two agree)
+
+
+class BulkSummary(APIView):
+    @extend_schema(responses=s.BulkSummarySerializer,
+                   description="A submission at a glance, however many files it holds: its files per step, "
+                               "when the rest should be back, why not yet, and where to download the lists.")
+    def get(self, request, pk):
+        bulk = _readable_bulk(request, pk)
+        summary = submission_outlook.submission_summary(bulk, now=timezone.now())
+        return Response(summary_body(summary, bulk, request))
+
+
+class BulkDownload(APIView):
+    """A submission's restored files with where they are, or its failures with their reasons,
+    as text or CSV, streamed: for the submission's owner (and the service that made it)."""
+
+    what = fmt = ""
+
+    @extend_schema(responses={(200, "text/plain"): OpenApiTypes.STR, (200, "text/csv"): OpenApiTypes.STR})
+    def get(self, request, pk):
+        who = policy.identity(request)
+        bulk = get_object_or_404(policy.own_bulks(who).select_related("user"), pk=pk)  # the owner's only
+        policy.require_bulk_covered(who, policy.READ, bulk)
+        rows = (downloads.restored_rows if self.what == "restored" else downloads.failed_rows)(bulk, self.fmt)
+        content_type = "text/csv; charset=utf-8" if self.fmt == "csv" else "text/plain; charset=utf-8"
+        response = StreamingHttpResponse(downloads.stream(rows, self.fmt), content_type=content_type)
+        response["Content-Disposition"] = f'attachment; filename="{bulk.id}-{self.what}.{self.fmt}"'
+        return response
 
 
 class BulkCancel(APIView):

@@ -1,5 +1,6 @@
 """The pages. Views read a form, call a service or a selector, and render; nothing more."""
 import copy
+from datetime import timezone as dt_timezone
 from dataclasses import replace
 
 from django.contrib import messages
@@ -9,13 +10,16 @@ from django.shortcuts import redirect, render
 from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from carousel.domain import policy
 from carousel.domain import selectors
+from carousel.domain.selectors import submissions as submission_selectors
 from carousel.outlook import estimates
+from carousel.outlook import submissions
 from carousel.outlook.live import JOBS_SHOWN, live_figures
 from carousel.domain import services
 from carousel.domain.exceptions import CarouselError
@@ -26,6 +30,7 @@ from . import charts
 from .forms import RequestFilter, RestoreForm, parse_ids
 
 PAGE_SIZE = 50
+SUBMISSIONS_SHOWN = 10
 ERRORS_SHOWN = 100
 LIVE_POLL_S = 3
 
@@ -37,17 +42,70 @@ def requests_page(request):
     data = form.cleaned_data
     rows, next_after = selectors.request_page(user=request.user, state=form.states(), path=data.get("path"),
                                               bulk=data.get("bulk"), after=data.get("after"), size=PAGE_SIZE)
-    ctx = estimates.queue_context(user=request.user, now=timezone.now())
+    now = timezone.now()
+    ctx = estimates.queue_context(user=request.user, now=now)
     outlooks = estimates.request_outlooks(rows, user=request.user, ctx=ctx)
     query = request.GET.copy()
     query.pop("after", None)
+    # Opens on the user's submissions, newest first; with ?bulk=, on that one's summary.
+    shown, focus, older = [], None, None
+    if data.get("bulk"):
+        focus = submission_selectors.own_bulk(request.user, data["bulk"])
+        shown = [focus] if focus else []
+    elif not (data.get("state") or data.get("path") or data.get("after")):
+        before = _moment(request.GET.get("before", ""))
+        shown, older = submission_selectors.newest_bulks(request.user, size=SUBMISSIONS_SHOWN, before=before)
+    summaries = submissions.submission_summaries(shown, user=request.user, now=now, ctx=ctx)
+    cards = [_card(b, summaries[b.pk], now) for b in shown]
+    query.pop("before", None)
     return render(request, "frontend/requests.html", {
+        "submissions": cards if not focus else [], "focus": cards[0] if focus else None,
+        "older_submissions": _with(query, before=older.isoformat()) if older else "",
         "form": form, "rows": [(r, outlooks[r.id]) for r in rows], "ctx": ctx, "filtered": bool(query),
         "next_query": _with(query, after=next_after) if next_after else "",
         "first_query": query.urlencode() if data.get("after") else None,
         "here": request.get_full_path(), "active_states": ACTIVE_STATES,
         "cancellable": any(r.state in ACTIVE_STATES for r in rows),
     })
+
+
+def _moment(raw):
+    """An ISO date-time from a link (?before=), aware; None for anything else (ignored, as a bad filter is)."""
+    try:
+        moment = parse_datetime(raw[:40])
+    except ValueError:
+        return None
+    if moment is not None and timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, dt_timezone.utc)
+    return moment
+
+
+STEP_LABELS = {"restored": "restored", "delivering": "being delivered", "being_read": "being read",
+               "planned": "planned", "queued": "queued", "waiting_to_retry": "waiting to retry", "failed": "failed",
+               "cancelled": "cancelled", "expired": "expired"}
+
+
+def _card(bulk, summary, now):
+    """What the page shows of one submission: its steps with their share of the bar, the
+    estimate for the rest (or when it finished), its size, its downloads."""
+    files = max(summary.files, 1)
+    steps = [{"step": step, "label": label, "files": summary.counts[step],
+              "percent": f"{100 * summary.counts[step] / files:.2f}"}
+             for step, label in STEP_LABELS.items() if summary.counts[step]]
+    if summary.finished:
+        when = (f"finished: the first file back at {submissions.clock(summary.estimate[0], now)}, the last at "
+                f"{submissions.clock(summary.estimate[1], now)} UTC") if summary.estimate else "finished"
+    elif summary.estimate:
+        when = f"the rest {submissions.range_text(summary.estimate, now)}"
+    elif summary.figures.not_located == sum(g.files for g in summary.figures.active):
+        when = "no estimate yet: none of its files is located yet"
+    else:
+        when = "no estimate yet"
+    downloads = {f"{what}_{fmt}": reverse(f"api:bulk-{what}-{fmt}", args=[bulk.pk])
+                 for what, fmt in (("restored", "txt"), ("restored", "csv"), ("failed", "txt"), ("failed", "csv"))}
+    return {"bulk": bulk, "summary": summary, "steps": steps, "when": when, "downloads": downloads,
+            "bar_label": ", ".join(f"{s['files']:,} {s['label']}" for s in steps) or "no files",
+            "files_url": f"{reverse('frontend:requests')}?bulk={bulk.pk}"}
 
 
 def _with(query, **params):

@@ -6,7 +6,9 @@ import os
 import pty
 import subprocess
 import sys
+import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -83,7 +85,14 @@ def test_submit_a_list_wait_status_ls_and_why(carousel, alice, tmp_path):
     assert code == 0 and f"submission {bulk}: 5 of 5 files restored" in out and "done 5" in out
     code, out, err = run(carousel, alice, "status", "--json")  # the latest submission
     assert code == 0, err
-    assert json.loads(out)["id"] == bulk and json.loads(out)["states"]["done"] == 5
+    status = json.loads(out)
+    assert status["id"] == bulk and status["states"]["done"] == 5
+    assert status["counts"]["restored"] == 5 and sum(status["counts"].values()) == 5
+    finished = sorted(RestoreRequest.objects.filter(path__in=paths).values_list("finished_at", flat=True))
+    assert status["estimate"] == {"earliest": finished[0].isoformat().replace("+00:00", "Z"),
+                                  "latest": finished[-1].isoformat().replace("+00:00", "Z")}
+    assert sorted((r["path"], r["where"]) for r in status["restored"]) == sorted(
+        (p, f"{carousel.disk}{p}") for p in paths)
 
     code, out, err = run(carousel, alice, "ls", "--bulk", bulk, "--state", "done", "--json")
     assert code == 0, err
@@ -92,10 +101,12 @@ def test_submit_a_list_wait_status_ls_and_why(carousel, alice, tmp_path):
     assert all(r["priority"] == 2 and Path(r["disk_path"]).read_bytes() == (carousel.archive / r["path"][1:])
                .read_bytes() for r in rows)
     code, out, _ = run(carousel, alice, "ls", "--path", "file3")
-    assert code == 0 and out.count("\n") == 2 and out.startswith("      ID  STATE") and paths[3] in out
+    assert code == 0 and out.count("\n") == 3 and out.startswith("      ID  STATE") and paths[3] in out
 
     code, out, _ = run(carousel, alice, "why", paths[0])
     assert code == 0 and f"{paths[0]}: done" in out and f"on disk at {carousel.disk}{paths[0]}" in out
+    code, out, _ = run(carousel, alice, "ls", "--path", "file4")
+    assert code == 0 and out.splitlines()[2].strip() == f"on disk at {carousel.disk}{paths[4]}"
 
 
 def test_wait_reports_failures_and_cancellations_with_their_own_codes(carousel, alice):
@@ -289,6 +300,39 @@ def test_wait_points_at_the_files_that_did_not_come_back(scripted, capsys, state
     answers["/api/v1/requests/"] = {"results": [], "next": None}
     assert client_cli.main(["wait", BULK]) in (client_api.EXIT_FAILED, client_api.EXIT_CANCELLED)
     assert f"(see: carousel ls --bulk {BULK} {shown})" in capsys.readouterr().out
+
+
+def test_status_and_wait_give_the_summary_line_and_the_range_for_the_rest(scripted, capsys, monkeypatch):
+    answers, _, _ = scripted
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    today = datetime.now(timezone.utc).date().isoformat()
+    answers[f"/api/v1/bulks/{BULK}/"] = {"id": BULK, "files": 50_000,
+                                         "states": {"done": 31_204, "failed": 12, "queued": 18_784}}
+    answers[f"/api/v1/bulks/{BULK}/summary/"] = {
+        "counts": {"restored": 31_204, "failed": 12, "queued": 18_000, "planned": 784}, "size": 0,
+        "bytes_restored": 0, "finished": False, "why": ["18 files wait for tape SIM021, planned on drive 2"],
+        "estimate": {"earliest": f"{today}T17:40:00Z", "latest": f"{today}T19:10:00Z"}}
+    assert client_cli.main(["status", BULK]) == 0
+    out = capsys.readouterr().out
+    assert f"submission {BULK}: 31,204 of 50,000 files restored, 12 failed, the rest between 17:40 and 19:10" in out
+    assert "why not yet: 18 files wait for tape SIM021, planned on drive 2" in out
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert client_cli.main(["wait", BULK, "--timeout", "0"]) == client_api.EXIT_TIMEOUT
+    drawn = capsys.readouterr().out
+    assert "\r[" in drawn and "31204/50000 files" in drawn and "rest between 17:40 and 19:10" in drawn
+
+
+def test_why_says_where_a_restored_file_is_and_until_when_it_is_pinned(scripted, capsys, monkeypatch):
+    answers, _, _ = scripted
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    answers["/api/v1/requests/5/"] = {"id": 5, "path": "/exp/a", "state": "done", "disk_path": "/disk/exp/a",
+                                      "where": "/scratch/exp/a", "where_kind": "delivered",
+                                      "pin_until": "2030-01-02T03:04:00Z"}
+    assert client_cli.main(["why", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "restored: delivered to /scratch/exp/a" in out and "pinned until 2030-01-02 03:04" in out
 
 
 def test_ls_has_a_header_and_its_json_is_the_servers_rows(scripted, capsys):

@@ -42,6 +42,10 @@ def test_the_list_renders_what_drfs_generic_serializer_renders(varied):
         tape = serializers.CharField(source="tape.label", read_only=True, default=None)
         disk_path = serializers.SerializerMethodField()
         get_disk_path = RequestSerializer.get_disk_path
+        where = serializers.SerializerMethodField()
+        get_where = RequestSerializer.get_where
+        where_kind = serializers.SerializerMethodField()
+        get_where_kind = RequestSerializer.get_where_kind
 
         class Meta:
             model = RestoreRequest

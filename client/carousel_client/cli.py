@@ -9,13 +9,13 @@ import re
 import sys
 import time
 import uuid
+from datetime import datetime
 
 from . import api
 from .api import ClientError
 
 ACTIVE = ("queued", "submitted", "staging", "retry", "delivering")
 STATES = ACTIVE + ("done", "failed", "cancelled", "expired")
-BYTES_UP_TO = 5000  # submissions up to this many files also show bytes (read from the listing)
 
 EPILOG = """exit codes: 0 fine; 2 bad command line; 3 no server or token configured; 4 token or action
 refused; 5 not found; 6 input refused; 7 server unreachable or failing; for wait: 10 some files
@@ -204,38 +204,90 @@ def _bulk_id(client, given):
     return latest[0]["id"]
 
 
+STEPS = ("restored", "delivering", "being_read", "planned", "queued", "waiting_to_retry", "failed", "cancelled",
+         "expired")
+
+
 def snapshot(client, bulk_id):
-    """Counts per state, bytes (for submissions small enough to list), and the outlook of the
-    first unfinished file (the server's estimate and reasons)."""
+    """The submission at a glance, from the server's summary (one call whatever its size): counts
+    per state and per step, bytes, the estimate for the rest and why not yet."""
     bulk = client.get(f"bulks/{bulk_id}/")
+    try:
+        summary = client.get(f"bulks/{bulk_id}/summary/")
+    except ClientError as error:
+        if error.status != 404:
+            raise
+        summary = {}  # a server older than the summary: counts per state only
     states = bulk["states"]
+    estimate = summary.get("estimate")
     snap = {"id": bulk_id, "files": bulk["files"], "states": states, "done": states.get("done", 0),
-            "active": sum(states.get(s, 0) for s in ACTIVE), "bytes_total": None, "bytes_done": None,
-            "eta_s": None, "why": []}
-    if bulk["files"] <= BYTES_UP_TO:
-        rows = list(client.pages("requests/", bulk=bulk_id))
-        sizes = [r["size"] for r in rows]
-        if all(s is not None for s in sizes):
-            snap["bytes_total"] = sum(sizes)
-            snap["bytes_done"] = sum(r["size"] for r in rows if r["state"] == "done")
-    if snap["active"]:
-        first = client.get("requests/", bulk=bulk_id, state=",".join(ACTIVE), page_size=1)["results"]
-        if first:
-            detail = client.get(f"requests/{first[0]['id']}/")
-            outlook = detail.get("outlook") or {}
-            snap["eta_s"] = outlook.get("eta_s")
-            snap["why"] = outlook.get("reasons") or []
+            "active": sum(states.get(s, 0) for s in ACTIVE), "bytes_total": summary.get("size") or None,
+            "bytes_done": summary.get("bytes_restored"), "eta_s": None, "why": summary.get("why") or [],
+            "counts": summary.get("counts") or {}, "estimate": estimate, "finished": summary.get("finished")}
+    if estimate and snap["active"]:
+        now = time.time()
+        snap["eta_s"] = [max(0.0, _epoch(estimate["earliest"]) - now),
+                         None if not estimate.get("latest") else max(0.0, _epoch(estimate["latest"]) - now)]
     return snap
 
 
+def _epoch(iso):
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _clock(iso):
+    """An ISO time in the client's own time zone, as a person reads it next to now."""
+    when = datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone()
+    return when.strftime("%H:%M" if when.date() == datetime.now().astimezone().date() else "%Y-%m-%d %H:%M")
+
+
+def _range(estimate):
+    """"between 17:40 and 19:10", "not before 17:40", "" without an estimate."""
+    if not estimate:
+        return ""
+    earliest, latest = _clock(estimate["earliest"]), estimate.get("latest") and _clock(estimate["latest"])
+    if latest is None:
+        return f"not before {earliest}"
+    return f"about {latest}" if earliest == latest else f"between {earliest} and {latest}"
+
+
+def summary_line(snap):
+    """"31,204 of 50,000 files restored, 12 failed, the rest between 17:40 and 19:10"."""
+    counts = snap["counts"]
+    text = f"{snap['done']:,} of {snap['files']:,} files restored"
+    for step in ("failed", "cancelled", "expired"):
+        if counts.get(step):
+            text += f", {counts[step]:,} {step}"
+    if snap["active"]:
+        when = _range(snap["estimate"])
+        text += f", the rest {when}" if when else ", the rest: no estimate yet"
+    elif snap["estimate"]:
+        text += f" (the first at {_clock(snap['estimate']['earliest'])}, the last at " \
+                f"{_clock(snap['estimate']['latest'])})"
+    return text
+
+
+def restored_files(client, bulk_id):
+    """Every restored file of the submission with where it is, page after page."""
+    return [{"path": r["path"], "where": r.get("where") or r.get("disk_path"), "where_kind": r.get("where_kind"),
+             "pin_until": r.get("pin_until")}
+            for r in client.pages("requests/", bulk=bulk_id, state="done")]
+
+
 def cmd_status(client, args):
-    snap = snapshot(client, _bulk_id(client, args.id))
-    lines = [f"submission {snap['id']}: {snap['done']} of {snap['files']} files restored"
-             + (f" ({_size(snap['bytes_done'])} of {_size(snap['bytes_total'])})" if snap["bytes_total"] else "")]
+    bulk_id = _bulk_id(client, args.id)
+    snap = snapshot(client, bulk_id)
+    if args.json:
+        snap["restored"] = restored_files(client, bulk_id)
+    lines = [f"submission {snap['id']}: {summary_line(snap)}"]
+    if snap["bytes_total"]:
+        lines.append(f"  {_size(snap['bytes_done'])} of {_size(snap['bytes_total'])} restored")
     lines.append("  " + ", ".join(f"{s} {n}" for s, n in snap["states"].items() if n))
     if snap["active"]:
-        lines.append(f"  estimate for the rest: {_eta(snap['eta_s'])}")
         lines += [f"  why not yet: {reason}" for reason in snap["why"]]
+    if snap["done"]:
+        lines.append(f"  where they are: carousel status {bulk_id} --json, or carousel ls --bulk {bulk_id} "
+                     "--state done --json")
     out(args, snap, "\n".join(lines))
 
 
@@ -294,7 +346,8 @@ def _draw(snap, history):
     if snap["bytes_total"]:
         parts.append(f"{_size(snap['bytes_done'])}/{_size(snap['bytes_total'])}")
     parts.append(f"{rate:.1f} files/s" + (f" {_size(byte_rate)}/s" if snap["bytes_total"] else ""))
-    parts.append(f"eta {_eta([eta] if eta is not None else None)}")
+    when = _range(snap["estimate"]) if snap["active"] else ""
+    parts.append(f"rest {when}" if when else f"eta {_eta([eta] if eta is not None else None)}")
     sys.stdout.write("\r" + "  ".join(parts) + "\x1b[K")
     sys.stdout.flush()
 
@@ -307,9 +360,13 @@ def cmd_ls(client, args):
         if args.limit and len(rows) >= args.limit:
             break
     line = "{:>8}  {:<10}  {:>9}  {:<8}  {}".format
-    text = "\n".join([line("ID", "STATE", "SIZE", "TAPE", "PATH")]
-                     + [line(r["id"], r["state"], _size(r["size"]), r["tape"] or "-", r["path"]) for r in rows]) \
-        if rows else "(no requests)"
+    shown = [line("ID", "STATE", "SIZE", "TAPE", "PATH")]
+    for r in rows:
+        shown.append(line(r["id"], r["state"], _size(r["size"]), r["tape"] or "-", r["path"]))
+        if r.get("where"):  # a restored file: where it is, on a line of its own under it
+            shown.append(" " * 10 + where_text(r) + (f", pinned until {_clock(r['pin_until'])}"
+                                                      if r.get("pin_until") else ""))
+    text = "\n".join(shown) if rows else "(no requests)"
     out(args, rows, text)
 
 
@@ -359,7 +416,10 @@ def cmd_why(client, args):
     state = detail["state"]
     lines = [f"{detail['path']}: {state} (request {detail['id']})"]
     if state == "done":
-        lines.append(f"  restored{': on disk at ' + detail['disk_path'] if detail.get('disk_path') else ''}")
+        lines.append(f"  restored: {where_text(detail)}")
+        pinned = detail.get("pin_until")
+        lines.append(f"  pinned until {_clock(pinned)}" if pinned else
+                     "  not pinned: the stager may drop its copy when it needs the space")
     elif state in ("failed", "cancelled", "expired"):
         lines.append(f"  {detail.get('last_error') or state}")
     else:
@@ -367,6 +427,16 @@ def cmd_why(client, args):
         lines += [f"  {reason}" for reason in outlook.get("reasons") or []]
         lines.append(f"  estimate: {_eta(outlook.get('eta_s'))}")
     out(args, detail, "\n".join(lines))
+
+
+WHERE = {"disk": "on disk at", "delivered": "delivered to", "in_place": "used in place at"}
+
+
+def where_text(detail):
+    """Where a restored file is, as the server says (an older server gives only disk_path)."""
+    if detail.get("where"):
+        return f"{WHERE.get(detail.get('where_kind'), 'at')} {detail['where']}"
+    return f"on disk at {detail['disk_path']}" if detail.get("disk_path") else "where the tape system put it"
 
 
 COMMANDS = {"submit": cmd_submit, "status": cmd_status, "wait": cmd_wait, "ls": cmd_ls, "cancel": cmd_cancel,

@@ -3,6 +3,8 @@ from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
+from carousel.domain.selectors.submissions import restored_where as where_of, where_text
+
 register = template.Library()
 
 _UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
@@ -59,3 +61,10 @@ def path_breaks(path):
     """A path that wraps after its slashes, never inside a name: a line-break opportunity
     (<wbr>) after each "/" (the CSS breaks a single name longer than the line only as a fallback)."""
     return mark_safe(escape(path).replace("/", "/<wbr>"))
+
+
+@register.filter
+def restored_where(request):
+    """Where a restored request's file is: "on disk at ...", "delivered to ...", "used in place at ..."."""
+    return where_text(*where_of(path=request.path, staged_path=request.staged_path, destination=request.destination,
+                                destination_layout=request.destination_layout))
