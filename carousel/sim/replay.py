@@ -153,9 +153,11 @@ def setup_database(workload, control):
     return users
 
 
-def replay_broker(workload, *, control=None, progress=None, mismatch=None):
+def replay_broker(workload, *, control=None, progress=None, mismatch=None, estimates=True):
     """Run the real loop over the workload in the current (empty) database; `mismatch`: a
-    library.Mismatch for a library departing from the model the broker plans with."""
+    library.Mismatch for a library departing from the model the broker plans with;
+    `estimates`: record the range each request is shown when it is located and when it is
+    planned (EstimateRecorder; it only reads, so the broker decides the same either way)."""
     from carousel.domain import intake
     from carousel.loop.cycle import run_cycle
     from carousel.models import ACTIVE_STATES, Control, RestoreRequest
@@ -175,6 +177,7 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None):
     arrivals = _arrivals(workload)
     next_arrival = 0
     cycle = cycles = 0
+    recorder = EstimateRecorder() if estimates else None
     while True:
         now = start + cycle * period
         while next_arrival < len(arrivals) and arrivals[next_arrival][0] <= now:
@@ -189,6 +192,8 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None):
             raise ReplayError("the cycle was skipped: another process holds the loop's lock on this database")
         if progress:
             progress(now, report)
+        if recorder is not None:
+            recorder.observe(EPOCH + timedelta(seconds=now))
         pending_arrivals = next_arrival < len(arrivals)
         if not pending_arrivals and not RestoreRequest.objects.filter(state__in=ACTIVE_STATES).exists():
             break
@@ -219,8 +224,80 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None):
         requests.append((username, (created - EPOCH).total_seconds(), restored, path))
     policy = {"sort": row.sort_policy, "share": row.share_policy, "files_per_job": row.files_per_job,
               "jobs_in_flight": row.jobs_in_flight, "cycle_s": row.cycle_s}
+    extra = _mismatch_extra(mismatch)
+    if recorder is not None:
+        extra.update(recorder.scores())
     return Outcome(library=library, start=start, requests=requests, policy=policy, cycles=cycles,
-                   wall_s=time.perf_counter() - began, extra=_mismatch_extra(mismatch))
+                   wall_s=time.perf_counter() - began, extra=extra)
+
+
+class EstimateRecorder:
+    """The ranges the pages show (carousel.outlook.estimates), recorded per request after each
+    cycle: the first one shown once the request is located, and the first shown once it is
+    planned on a chain (a request never planned: the one shown at the step it reaches next).
+    scores() compares them with when each restored request was done."""
+
+    def __init__(self):
+        self.located = {}  # request id -> (earliest, latest) as datetimes, latest None: unknown
+        self.planned = {}
+        self.submitted = {}  # request id -> created_at
+
+    def observe(self, now):
+        from django.contrib.auth.models import User
+
+        from carousel.models import ACTIVE_STATES, RequestState, RestoreRequest
+        from carousel.outlook import estimates
+
+        rows = RestoreRequest.objects.filter(state__in=ACTIVE_STATES, tape__isnull=False).values_list("id", "state")
+        wanted = [i for i, state in rows
+                  if i not in self.located or (state != RequestState.QUEUED and i not in self.planned)]
+        if not wanted:
+            return
+        projection = estimates.project(now=now)
+        by_user = {}
+        for i in range(0, len(wanted), 500):
+            for r in RestoreRequest.objects.filter(id__in=wanted[i:i + 500]).select_related("tape"):
+                by_user.setdefault(r.user_id, []).append(r)
+        for user_id, requests in by_user.items():
+            user = User.objects.get(id=user_id)
+            ctx = estimates.queue_context(user=user, now=now, projection=projection)
+            for i in range(0, len(requests), estimates.RANK_SLICE):
+                part = requests[i:i + estimates.RANK_SLICE]
+                outlooks = estimates.request_outlooks(part, user=user, ctx=ctx)
+                for r in part:
+                    eta = outlooks[r.id].eta
+                    shown = None if eta is None else (
+                        now + timedelta(seconds=eta[0]), None if eta[1] is None else now + timedelta(seconds=eta[1]))
+                    self.submitted.setdefault(r.id, r.created_at)
+                    self.located.setdefault(r.id, shown)
+                    if r.state != RequestState.QUEUED:
+                        self.planned.setdefault(r.id, shown)
+
+    def scores(self):
+        """estimate_coverage_located, estimate_coverage_planned: the fraction of the restored
+        requests done inside the range shown when located, when planned (a request never seen
+        planned: the range it was shown located); estimate_width_ratio: the median width of
+        the range shown when located over the median wait (done - submitted)."""
+        from carousel.models import RequestState, RestoreRequest
+
+        done = dict(RestoreRequest.objects.filter(state=RequestState.DONE).values_list("id", "finished_at"))
+
+        def inside(shown, at):
+            return shown is not None and shown[1] is not None and shown[0] <= at <= shown[1]
+
+        scored = [i for i in done if i in self.located]
+        widths = [(s[1] - s[0]).total_seconds() if s and s[1] is not None else math.inf
+                  for s in (self.located[i] for i in scored)]
+        waits = [(done[i] - self.submitted[i]).total_seconds() for i in scored]
+        median_wait = percentile(waits, 0.5)
+        return {
+            "estimate_coverage_located": (sum(inside(self.located[i], done[i]) for i in scored) / len(scored)
+                                          if scored else None),
+            "estimate_coverage_planned": (sum(inside(self.planned.get(i, self.located[i]), done[i]) for i in scored)
+                                          / len(scored) if scored else None),
+            "estimate_width_ratio": (percentile(widths, 0.5) / median_wait if scored and median_wait else None),
+            "estimate_files_scored": len(scored),
+        }
 
 
 def next_change(library, *, horizon):
