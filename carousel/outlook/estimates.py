@@ -17,17 +17,17 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import Group
 from django.db import connection
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Count, Max, Min, Q, Sum
 
 from carousel.domain.paths import delivery_target
 from carousel.domain.selectors.summary import jobs_limit
 from carousel.loop.health import projected_disk_use
 from carousel.loop.mounts import MountPlanner
 from carousel.models import (
-    IN_FLIGHT_STATES, READY, Control, HealthState, Job, JobState, RequestState, RestoreRequest, StagerHealth,
+    ACTIVE_STATES, IN_FLIGHT_STATES, READY, BulkItem, Control, HealthState, Job, JobState, RequestState, RestoreRequest, StagerHealth,
     TapeBacklog, Transition,
 )
-from carousel.outlook.shares import caps_and_weights, throughput_shares
+from carousel.outlook.shares import caps_and_weights, drive_time_shares, throughput_shares
 from carousel.tape import MEDIA, mount_estimate_s, mount_lead_tail_s
 from policies.selection import params_from, share_policy
 from policies.sharing import GroupLimit, UserDemand
@@ -354,7 +354,7 @@ class QueueContext:
     control: Control
     health: StagerHealth
     rate: Rate | None
-    share: float  # the user's part of what the sharing policy hands out
+    share: float  # the user's part of what the sharing policy hands out (for queue positions, not shown)
     in_flight: int  # files at the stager, all users
     slots: int  # files the stager may have in flight now: N x the jobs limit
     disk_use: float | None  # projected use of the stager's disk buffer
@@ -365,7 +365,8 @@ class QueueContext:
     group_cap: int | None = None
     group_slots: float = 0.0  # the slots the user's group gets under the sharing policy
     projection: Projection | None = None  # the plan's model (None: no plan, the observed rate)
-    drive_share: object = None  # the user's share of drive time (outlook.shares.PeriodShare)
+    drive_share: float = 0.0  # the user's share of drive time over share_period (outlook.shares)
+    share_period: str = ""
 
 
 def queue_context(*, user, now, projection=None):
@@ -377,13 +378,15 @@ def queue_context(*, user, now, projection=None):
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES)
     agg = in_flight.aggregate(n=Count("id"), mine=Count("id", filter=Q(user=user)), b=Sum("size"))
     shares = throughput_shares(control=control, eager=user.id)
+    drive = drive_time_shares(now=now)
     users, groups = caps_and_weights(control, [user.id])
     group_id, user_cap = users[user.id]
     ctx = QueueContext(now=now, control=control, health=health, rate=restore_rate(now=now),
                        share=shares.users.get(user.id, 0.0), in_flight=agg["n"], slots=slots,
                        disk_use=projected_disk_use(free=health.disk_free_bytes, total=health.disk_total_bytes,
                                                    incoming=agg["b"] or 0),
-                       user_in_flight=agg["mine"], user_cap=user_cap,
+                       user_in_flight=agg["mine"], user_cap=user_cap, drive_share=drive.of_user(user.id),
+                       share_period=drive.period,
                        projection=projection if projection is not None else project(now=now, control=control,
                                                                                     health=health))
     if group_id is None:
@@ -646,3 +649,76 @@ def _mounts_ahead(proj, chain, job_id):
               f"{_clock(proj, start)}-{_clock(proj, end)})" for tape, start, end in mounts[:MOUNTS_LISTED]]
     more = f" and {len(mounts) - MOUNTS_LISTED} more" if len(mounts) > MOUNTS_LISTED else ""
     return f"; ahead of it on that drive (UTC): {', '.join(listed)}{more}"
+
+
+@dataclass(frozen=True)
+class SubmissionEstimate:
+    """A submission's range: when its unfinished files are done, earliest and latest (UTC
+    datetimes; latest None when some located file has no upper bound). Once nothing is left to
+    do, the actual first and last completion (`actual`). None of it when no file is located
+    (`unlocated`: the files that wait for the stager to say where they are)."""
+
+    earliest: datetime | None
+    latest: datetime | None
+    actual: bool = False
+    unlocated: int = 0
+
+
+def submission_estimate(*, bulk, now, projection=None):
+    """The range of submission `bulk` (a Bulk) at `now`: one aggregate per kind of step, over
+    its requests grouped by job and by tape (bounded by the window and the tapes, not by the
+    files), read against the same projection as each request's outlook."""
+    members = RestoreRequest.objects.filter(
+        Q(bulk_id=bulk.id) | Q(id__in=BulkItem.objects.filter(bulk_id=bulk.id).values("request_id"))).order_by()
+    done = members.filter(state=S.DONE).aggregate(first=Min("finished_at"), last=Max("finished_at"))
+    active = members.filter(state__in=ACTIVE_STATES)
+    unlocated = active.filter(state=S.QUEUED, tape__isnull=True).count()
+    control = Control.get()
+    proj = projection if projection is not None else project(now=now, control=control)
+    lows, highs, open_ended = [], [], False
+    in_flight = list(active.filter(state__in=IN_FLIGHT_STATES).values("job_id").annotate(
+        first=Min("job_rank"), last=Max("job_rank")).values_list("job_id", "first", "last", "job__files",
+                                                                  "job__state"))
+    queued = list(active.filter(READY).values("tape_id").annotate(n=Count("id")).values_list("tape_id", "n"))
+    retry = active.filter(state=S.RETRY).aggregate(first=Min("retry_at"), n=Count("id"))
+    delivering = active.filter(state=S.DELIVERING).exists()
+    if not in_flight and not queued and not retry["n"] and not delivering:
+        if unlocated:
+            return SubmissionEstimate(None, None, unlocated=unlocated)
+        return SubmissionEstimate(done["first"], done["last"], actual=True)
+    cycle_s = control.cycle_s
+    if proj is None:  # no plan: the observed rate, as for each request
+        rate = restore_rate(now=now)
+        n = sum(count for _, count in queued) + len(in_flight) + (retry["n"] or 0)
+        first = eta_range(ahead=0, in_flight=0, rate=rate, cycle_s=cycle_s)
+        last = eta_range(ahead=n, in_flight=0, rate=rate, cycle_s=cycle_s)
+        if first is None:
+            return SubmissionEstimate(None, None, unlocated=unlocated)
+        return SubmissionEstimate(now + timedelta(seconds=first[0]), now + timedelta(seconds=last[1]),
+                                  unlocated=unlocated)
+    for job_id, first, last, files, state in in_flight:
+        mount = proj.jobs.get(job_id)
+        if mount is None:
+            open_ended = True
+            continue
+        step = "planned" if state == JobState.PENDING else "sent"
+        lows.append(_range(proj, _file_time(mount, first, files or 1, proj.exchange_s), step, cycle_s)[0])
+        highs.append(_range(proj, _file_time(mount, last, files or 1, proj.exchange_s), step, cycle_s)[1])
+    for tape_id, _ in queued:
+        mount = proj.runs.get((bulk.user_id, tape_id))
+        if mount is None:
+            lows.append(_range(proj, proj.end_s, "queued", cycle_s)[0])
+            open_ended = True
+            continue
+        files = proj.tape_files.get(tape_id, 1)
+        lows.append(_range(proj, _file_time(mount, 0, files, proj.exchange_s), "queued", cycle_s)[0])
+        highs.append(_range(proj, _file_time(mount, files - 1, files, proj.exchange_s), "queued", cycle_s)[1])
+    if retry["n"]:
+        wait = max(0.0, (retry["first"] - now).total_seconds())
+        lows.append(wait)
+        highs.append(wait + _range(proj, proj.end_s, "queued", cycle_s)[1])
+    if delivering:
+        lows.append(0.0)
+    earliest = now + timedelta(seconds=min(lows)) if lows else None
+    latest = now + timedelta(seconds=max(highs)) if highs and not open_ended else None
+    return SubmissionEstimate(earliest, latest, unlocated=unlocated)

@@ -241,6 +241,7 @@ class EstimateRecorder:
         self.located = {}  # request id -> (earliest, latest) as datetimes, latest None: unknown
         self.planned = {}
         self.submitted = {}  # request id -> created_at
+        self.step = {}  # request id -> its state when first seen located
 
     def observe(self, now):
         from django.contrib.auth.models import User
@@ -270,6 +271,7 @@ class EstimateRecorder:
                         now + timedelta(seconds=eta[0]), None if eta[1] is None else now + timedelta(seconds=eta[1]))
                     self.submitted.setdefault(r.id, r.created_at)
                     self.located.setdefault(r.id, shown)
+                    self.step.setdefault(r.id, r.state)
                     if r.state != RequestState.QUEUED:
                         self.planned.setdefault(r.id, shown)
 
@@ -297,6 +299,14 @@ class EstimateRecorder:
                                           / len(scored) if scored else None),
             "estimate_width_ratio": (percentile(widths, 0.5) / median_wait if scored and median_wait else None),
             "estimate_files_scored": len(scored),
+            # Where the misses are: per state when first seen located, done before, inside, after.
+            "estimate_detail": {state: {"early": sum(1 for i in scored if self.step[i] == state and self.located[i]
+                                                     and done[i] < self.located[i][0]),
+                                        "late": sum(1 for i in scored if self.step[i] == state
+                                                    and not inside(self.located[i], done[i])
+                                                    and not (self.located[i] and done[i] < self.located[i][0])),
+                                        "files": sum(1 for i in scored if self.step[i] == state)}
+                                for state in sorted({self.step[i] for i in scored})},
         }
 
 
