@@ -134,12 +134,12 @@ def eta_range(*, ahead, in_flight, rate, cycle_s):
 # projected in part, the rest shown with no upper bound.
 PROJECTION_PAIRS = 20_000
 # Margins of a range around the model's time t (library seconds from now): (low, high) factors
-# and the seconds added to the high side, by the step a request is at. Measured on the nominal
+# and the seconds taken from the low side and added to the high one, by the step a request is at. Measured on the nominal
 # replays (docs/benchmarks.md): what the model does not know is the queue's future (arrivals
 # that take turns, the final round cut across drives, a short mount jumping ahead, a retry).
 MARGINS = {
-    "queued": (0.75, 1.3, 600.0),
-    "planned": (0.85, 1.15, 300.0),
+    "queued": (0.75, 1.3, 300.0),
+    "planned": (0.85, 1.15, 150.0),
     "sent": (0.85, 1.15, 120.0),
 }
 FALLBACK_MEDIA = "LTO-8"
@@ -331,7 +331,9 @@ def _range(projection, t, step, cycle_s):
     """(earliest, latest) wall seconds from now around the model's time `t` (library seconds)."""
     low, high, slack = MARGINS[step]
     t = max(0.0, t)
-    return projection.wall(low * t), projection.wall(high * t + slack) + cycle_s
+    # The slack both ways: a mount's first files are read within minutes, where the robot,
+    # the load and the first locate count more than the factors.
+    return projection.wall(max(0.0, low * t - slack)), projection.wall(high * t + slack) + cycle_s
 
 
 @dataclass(frozen=True)
