@@ -263,38 +263,46 @@ def project(*, now, control=None, health=None):
 
 def _project_chains(now, speedup):
     """({job id: Mount}, {chain: [job id] in read order}, {chain: when it frees}) for the open
-    jobs (bounded by the window, N x K)."""
-    rows = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).order_by("created_at", "rank")
+    jobs (bounded by the window, N x K). A drive reads its sent jobs in the order they were
+    sent (a job sent for the tape it holds joins the end of its work, carousel/loop/mounts.py),
+    from when the first was sent; then the pending ones, each after the one it follows. A
+    mount longer than N files is several jobs after the same one, read one after another."""
+    rows = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT))
+                .order_by("sent_at", "created_at", "rank")
                 .values_list("id", "chain", "state", "after_id", "estimate_s", "sent_at", "tape_id", "tape__label",
                              "tape__media"))
     by_id = {r[0]: r for r in rows}
-    # A mount longer than N files is several jobs sent together, all after the same job: read
-    # one after another.
+    jobs, sent_end = {}, {}
+    for job, chain, state, after, estimate, sent_at, _, tape, media in rows:
+        if state != JobState.SENT:
+            continue
+        start = -(now - (sent_at or now)).total_seconds() * speedup
+        if chain and chain in sent_end:
+            start = max(start, sent_end[chain])
+        jobs[job] = Mount(tape or "", start, start + estimate, media or "", chain)
+        if chain:
+            sent_end[chain] = start + estimate
     siblings = {}
     for r in rows:
-        siblings.setdefault((r[1], r[3], r[6]), []).append(r[0])
-    ends, jobs = {}, {}
+        if r[2] == JobState.PENDING:
+            siblings.setdefault((r[1], r[3], r[6]), []).append(r[0])
 
     def place(job_id, depth=0):
         if job_id in jobs:
             return jobs[job_id]
-        job, chain, state, after, estimate, sent_at, _, tape, media = by_id[job_id]
-        group = siblings[(chain, after, by_id[job_id][6])]
+        _, chain, _, after, _, _, tape_id, _, _ = by_id[job_id]
+        base = max(0.0, sent_end.get(chain, 0.0)) if chain else 0.0
         if after in by_id and depth < 500:
-            base = max(0.0, place(after, depth + 1).end)
-        elif state == JobState.SENT and sent_at is not None:
-            base = -(now - sent_at).total_seconds() * speedup
-        else:
-            base = 0.0
-        for sibling in group:
-            est = by_id[sibling][4]
-            jobs[sibling] = Mount(tape or "", base, base + est, media or "", chain)
-            base += est
+            base = max(base, place(after, depth + 1).end)
+        for sibling in siblings[(chain, after, tape_id)]:
+            _, _, _, _, estimate, _, _, tape, media = by_id[sibling]
+            jobs[sibling] = Mount(tape or "", base, base + estimate, media or "", chain)
+            base += estimate
         return jobs[job_id]
 
     for r in rows:
         place(r[0])
-    chains = {}
+    chains, ends = {}, {}
     for r in rows:
         if r[1]:
             chains.setdefault(r[1], []).append(r[0])
