@@ -29,7 +29,7 @@ from carousel.models import (
 )
 from carousel.outlook.shares import caps_and_weights, drive_time_shares, throughput_shares
 from carousel.tape import MEDIA, mount_estimate_s, mount_lead_tail_s
-from policies.selection import params_from, share_policy
+from policies.selection import held_drive_time, params_from, share_policy
 from policies.sharing import GroupLimit, UserDemand
 from policies.sorting import TapeInfo, worth_mounting
 
@@ -199,7 +199,6 @@ def project(*, now, control=None, health=None):
         return None
     speedup = library_speedup(health)
     jobs, chains, chain_free = _project_chains(now, speedup)
-    held = _held(jobs)
     names = [f"{media}/{i}" for media, n in planner.drives.items() for i in range(n)]
     free = {}
     for name in names:
@@ -222,6 +221,7 @@ def project(*, now, control=None, health=None):
     demands = [UserDemand(user=u, group=users[u][0], pending=len(t), room=users[u][1]) for u, t in queues.items()]
     limits = {g: GroupLimit(weight=w, room=cap) for g, (w, cap) in groups.items()}
     weights = share_policy(control.share_policy).drive_weights(demands, limits) if demands else {}
+    held = held_drive_time(list(queues))  # as the turn policy counts it
     seconds = {t: mount_estimate_s(_media(media_of[t]), tape_files[t], tape_bytes[t],
                                    read_rate_mb_s=planner.read_rate_mb_s, exchange_s=planner.exchange_s)
                for t in tape_files}
@@ -310,21 +310,6 @@ def _project_chains(now, speedup):
         members.sort(key=lambda j: (jobs[j].start, jobs[j].end))
         ends[chain] = max(jobs[j].end for j in members)
     return jobs, chains, ends
-
-
-def _held(jobs):
-    """{user id: the drive time of their open jobs still to come, in library seconds}, each
-    job's shared by its requests in flight (as the turn policy charges it)."""
-    held, totals = {}, {}
-    rows = list(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES, job_id__in=list(jobs)).order_by()
-                .values_list("job_id", "user_id").annotate(n=Count("id")).values_list("job_id", "user_id", "n"))
-    for job, _, n in rows:
-        totals[job] = totals.get(job, 0) + n
-    for job, user, n in rows:
-        mount = jobs[job]
-        left = max(0.0, mount.end - max(0.0, mount.start))
-        held[user] = held.get(user, 0.0) + left * n / totals[job]
-    return held
 
 
 def _file_time(mount, rank, files, exchange_s):
