@@ -242,13 +242,25 @@ class EstimateRecorder:
         self.planned = {}
         self.submitted = {}  # request id -> created_at
         self.step = {}  # request id -> its state when first seen located
+        self.counts = None
 
     def observe(self, now):
         from django.contrib.auth.models import User
 
+        from django.db.models import Count, Q
+
         from carousel.models import ACTIVE_STATES, RequestState, RestoreRequest
         from carousel.outlook import estimates
 
+        # Only a cycle that located, planned or sent requests, or put some back to retry,
+        # changes a step whose range is recorded: the counts say whether one did.
+        counts = RestoreRequest.objects.aggregate(
+            queued=Count("id", filter=Q(state=RequestState.QUEUED, tape__isnull=False)),
+            retry=Count("id", filter=Q(state=RequestState.RETRY)),
+            total=Count("id", filter=Q(state__in=ACTIVE_STATES, tape__isnull=False)))
+        if counts == self.counts:
+            return
+        self.counts = counts
         rows = RestoreRequest.objects.filter(state__in=ACTIVE_STATES, tape__isnull=False).values_list("id", "state")
         wanted = [i for i, state in rows
                   if i not in self.located or (state != RequestState.QUEUED and i not in self.planned)]
