@@ -246,7 +246,6 @@ class EstimateRecorder:
 
     def observe(self, now):
         from django.contrib.auth.models import User
-
         from django.db.models import Count, Q
 
         from carousel.models import ACTIVE_STATES, RequestState, RestoreRequest
@@ -254,14 +253,16 @@ class EstimateRecorder:
 
         # Only a cycle that located, planned or sent requests, or put some back to retry,
         # changes a step whose range is recorded: the counts say whether one did.
+        # (A request that joined another user's stage at submission is in a job before its own
+        # locate: it is seen from there.)
+        seen = Q(state__in=ACTIVE_STATES) & (Q(tape__isnull=False) | Q(job__isnull=False))
         counts = RestoreRequest.objects.aggregate(
             queued=Count("id", filter=Q(state=RequestState.QUEUED, tape__isnull=False)),
-            retry=Count("id", filter=Q(state=RequestState.RETRY)),
-            total=Count("id", filter=Q(state__in=ACTIVE_STATES, tape__isnull=False)))
+            retry=Count("id", filter=Q(state=RequestState.RETRY)), total=Count("id", filter=seen))
         if counts == self.counts:
             return
         self.counts = counts
-        rows = RestoreRequest.objects.filter(state__in=ACTIVE_STATES, tape__isnull=False).values_list("id", "state")
+        rows = RestoreRequest.objects.filter(seen).values_list("id", "state")
         wanted = [i for i, state in rows
                   if i not in self.located or (state != RequestState.QUEUED and i not in self.planned)]
         if not wanted:
@@ -304,12 +305,16 @@ class EstimateRecorder:
                   for s in (self.located[i] for i in scored)]
         waits = [(done[i] - self.submitted[i]).total_seconds() for i in scored]
         median_wait = percentile(waits, 0.5)
+        median_width = percentile(widths, 0.5) if scored else None
         return {
             "estimate_coverage_located": (sum(inside(self.located[i], done[i]) for i in scored) / len(scored)
                                           if scored else None),
             "estimate_coverage_planned": (sum(inside(self.planned.get(i, self.located[i]), done[i]) for i in scored)
                                           / len(scored) if scored else None),
-            "estimate_width_ratio": (percentile(widths, 0.5) / median_wait if scored and median_wait else None),
+            # None when most ranges had no upper bound (an infinite width).
+            "estimate_width_ratio": (median_width / median_wait
+                                     if median_wait and median_width is not None and math.isfinite(median_width)
+                                     else None),
             "estimate_files_scored": len(scored),
             # Where the misses are: per state when first seen located, done before, inside, after.
             "estimate_detail": {state: {"early": sum(1 for i in scored if self.step[i] == state and self.located[i]
