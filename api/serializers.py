@@ -327,12 +327,21 @@ class BulkSummarySerializer(BulkSerializer):
         read_only_fields = fields
 
 
+class DriveShareSerializer(serializers.Serializer):
+    share = serializers.FloatField(help_text="your share of the drives' time over the period (the usage report's "
+                                             "drive_share for the same period)")
+    period = serializers.CharField(help_text="the period, as the pages name it")
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField(help_text="excluded")
+
+
 class SummarySerializer(serializers.Serializer):
     states = StateCountsSerializer(help_text="your requests per state")
     active = serializers.IntegerField(help_text="your requests not finished yet")
     bytes_done = serializers.IntegerField()
     bytes_active_known = serializers.IntegerField(help_text="bytes of your active requests whose size is known")
     oldest_active_at = serializers.DateTimeField(allow_null=True)
+    drive_share = DriveShareSerializer(help_text="your share of drive time today (UTC, so far)")
 
 
 class QuarantinedTapeSerializer(serializers.Serializer):

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from carousel.ops import usage
+from carousel.outlook.shares import period_name
 
 DEFAULT_DAYS = 7
 PARAMS = [
@@ -50,7 +51,7 @@ def report_for(request):
     """Parse the period (400 on bad input) and build the report the user may see."""
     params = PeriodSerializer(data=request.query_params)
     params.is_valid(raise_exception=True)
-    return usage.usage_report(viewer=request.user, **params.validated_data)
+    return usage.usage_report(viewer=request.user, now=timezone.now(), **params.validated_data)
 
 
 class LineSerializer(serializers.Serializer):
@@ -68,13 +69,15 @@ class LineSerializer(serializers.Serializer):
     wait_max_s = serializers.FloatField(allow_null=True)
     mounts = serializers.FloatField()
     drive_s = serializers.FloatField()
-    drive_share = serializers.FloatField()
+    drive_share = serializers.FloatField(help_text="share of the drives' time over the period (share_period): the "
+                                         "figure every page shows as the share")
 
 
 class ReportSerializer(serializers.Serializer):
     since = serializers.DateTimeField()
     until = serializers.DateTimeField()
     by = serializers.CharField()
+    share_period = serializers.CharField(help_text="the period of drive_share, as the pages name it")
     wait_buckets_s = serializers.ListField(child=serializers.FloatField())
     lines = LineSerializer(many=True)
 
@@ -83,7 +86,9 @@ class UsageView(APIView):
     @extend_schema(parameters=PARAMS, responses=ReportSerializer)
     def get(self, request):
         report = report_for(request)
-        return Response(ReportSerializer({**vars(report), "wait_buckets_s": usage.WAIT_BUCKETS_S}).data)
+        return Response(ReportSerializer({**vars(report), "wait_buckets_s": usage.WAIT_BUCKETS_S,
+                                          "share_period": period_name(report.since, report.until,
+                                                                      timezone.now())}).data)
 
 
 class UsageCsvView(APIView):

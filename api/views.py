@@ -20,7 +20,7 @@ from carousel.domain import selectors
 from carousel.domain import services
 from carousel.domain.paths import check_path
 from carousel.models import Bulk, RestoreRequest
-from carousel.outlook import estimates
+from carousel.outlook import estimates, shares
 from carousel.outlook import submissions as submission_outlook
 from carousel.tasks import withdraw_on_commit
 
@@ -309,7 +309,11 @@ class Summary(APIView):
         who = policy.identity(request)
         # A token's summary counts only the requests its scopes let it read.
         scoped = policy.visible_requests(who).filter(user=request.user) if who.grant else None
-        return Response(selectors.queue_summary(user=request.user, requests=scoped))
+        body = selectors.queue_summary(user=request.user, requests=scoped)
+        drive = shares.drive_time_shares(now=timezone.now())
+        body["drive_share"] = {"share": drive.of_user(request.user.id), "period": drive.period,
+                               "since": drive.since, "until": drive.until}
+        return Response(body)
 
 
 class StagerHealthView(APIView):

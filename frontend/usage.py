@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from carousel.domain import policy
 from carousel.ops import usage
+from carousel.outlook.shares import period_name
 
 
 class PeriodForm(forms.Form):
@@ -57,7 +58,8 @@ def usage_page(request):
         form = PeriodForm({})
         form.is_valid()
     since, until, by = form.period()
-    report = usage.usage_report(since=since, until=until, by=by, viewer=request.user)
+    now = timezone.now()
+    report = usage.usage_report(since=since, until=until, by=by, viewer=request.user, now=now)
     if request.GET.get("format") == "csv":
         response = HttpResponse(usage.usage_csv(report), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = (f'attachment; filename="carousel-usage-{by}-{since:%Y%m%d}-'
@@ -69,5 +71,6 @@ def usage_page(request):
     rows = [(line, round(100 * line.restored_bytes / largest) if largest else 0, round(100 * line.drive_share))
             for line in report.lines]
     return render(request, "frontend/usage.html", {"form": form, "report": report, "rows": rows,
+                                                   "share_period": period_name(since, until, now),
                                                    "csv_query": query.urlencode(),
                                                    "sees_all": policy.may_see_all_usage(request.user)})

@@ -6,7 +6,9 @@ Waits (submission to restored) are counted in the fixed buckets of WAIT_BUCKETS_
 is given as the upper bound of the bucket it falls in (never above the longest wait, which is
 exact), so it is within its bucket of the true value. Mounts and drive seconds are the jobs'
 that carried the user's files, shared among the users by their files in each job; the drive
-share is the line's drive seconds over the period's."""
+share is the line's drive seconds over the period's. This drive share is the one share every
+page shows (carousel/outlook/shares.py names its period): drive_seconds() computes it, and,
+given `now`, it also counts the time the mounts on the drives have held them so far."""
 import csv
 import io
 import math
@@ -17,7 +19,8 @@ from django.contrib.auth.models import Group, User
 from django.db.models import Count, Max, Q, Sum
 
 from carousel.domain import policy
-from carousel.models import WAIT_BUCKETS_S, Job, RequestState, RestoreRequest, UsageDay, UsageWait
+from carousel.models import (IN_FLIGHT_STATES, WAIT_BUCKETS_S, Job, JobState, RequestState, RestoreRequest, UsageDay,
+                             UsageWait)
 
 BY = ("user", "group", "activity")
 # The dates a report may name: the epoch to a year short of datetime's end, so that the
@@ -101,9 +104,38 @@ def percentile_from_buckets(counts, q, longest):
     return longest
 
 
-def usage_report(*, since, until, by="user", viewer=None):
+def drive_seconds(*, since, until, by="user", now=None):
+    """({user or group key: drive seconds}, total) over the whole UTC days from since to until
+    (until excluded): the jobs that finished then, each job's time at the stager shared among
+    the users by their files in it (UsageDay, kept by triggers); given `now`, plus the time so
+    far within the period of the jobs on the drives now (bounded by the jobs in flight), shared
+    among their requests in flight, as the sharing policy holds them. A key is a user id or a
+    group id (0: requests of no group)."""
+    since, until = day_floor(since), day_ceil(until)
+    key = "user_id" if by == "user" else "group_key"
+    seconds = {k: s for k, s in UsageDay.objects.filter(day__gte=since, day__lt=until).values(key)
+               .annotate(s=Sum("drive_s")).order_by().values_list(key, "s") if s}
+    if now is not None and since < now:
+        end = min(until, now)
+        held = {}
+        for job, sent_at in Job.objects.filter(state=JobState.SENT, sent_at__lt=end).values_list("id", "sent_at"):
+            held[job] = (end - max(since, sent_at)).total_seconds()
+        column = "user_id" if by == "user" else "group_id"
+        rows = list(RestoreRequest.objects.filter(job_id__in=list(held), state__in=IN_FLIGHT_STATES).order_by()
+                    .values_list("job_id", column).annotate(n=Count("id")).values_list("job_id", column, "n"))
+        totals = {}
+        for job, _, n in rows:
+            totals[job] = totals.get(job, 0) + n
+        for job, k, n in rows:
+            k = k if by == "user" else (k or 0)
+            seconds[k] = seconds.get(k, 0.0) + held[job] * n / totals[job]
+    return seconds, sum(seconds.values())
+
+
+def usage_report(*, since, until, by="user", viewer=None, now=None):
     """Lines per user or per group for the whole days (UTC) from since to until (until excluded;
-    a period is widened to whole days, the rows' grain).
+    a period is widened to whole days, the rows' grain). Drive time and its share as
+    drive_seconds() counts them (given `now`, the mounts on the drives so far too).
     A viewer without the view permission on usage (policy.may_see_all_usage) sees their own line (by user) or their groups' (by group)."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}")
@@ -113,7 +145,7 @@ def usage_report(*, since, until, by="user", viewer=None):
     key = "user_id" if by == "user" else "group_key"
     days = UsageDay.objects.filter(day__gte=since, day__lt=until)
     waits = UsageWait.objects.filter(day__gte=since, day__lt=until)
-    total_drive = days.aggregate(s=Sum("drive_s"))["s"] or 0.0
+    drive, total_drive = drive_seconds(since=since, until=until, by=by, now=now)
     if viewer is not None and not policy.may_see_all_usage(viewer):
         if by == "user":
             days, waits = days.filter(user_id=viewer.id), waits.filter(user_id=viewer.id)
@@ -140,10 +172,15 @@ def usage_report(*, since, until, by="user", viewer=None):
             expired=r["expired"], wait_buckets=counts,
             wait_p50_s=percentile_from_buckets(counts, 0.5, longest) if longest is not None else None,
             wait_p95_s=percentile_from_buckets(counts, 0.95, longest) if longest is not None else None,
-            wait_max_s=longest, mounts=r["mounts"], drive_s=r["drive_s"],
-            drive_share=(r["drive_s"] / total_drive) if total_drive else 0.0))
+            wait_max_s=longest, mounts=r["mounts"], drive_s=drive.get(k, 0.0),
+            drive_share=share_of(drive.get(k, 0.0), total_drive)))
     lines.sort(key=lambda line: (-line.restored_bytes, line.name))
     return UsageReport(since=since, until=until, by=by, lines=lines, total_drive_s=total_drive)
+
+
+def share_of(seconds, total):
+    """A share of drive time: the one rule every page uses."""
+    return seconds / total if total else 0.0
 
 
 def usage_csv(report):

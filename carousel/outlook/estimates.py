@@ -1,29 +1,65 @@
-"""Where a request stands: queue position, estimate, why not yet (the "my requests" page)."""
+"""Where a request stands: queue position, estimate, why not yet (the "my requests" page, the
+API's request detail and submissions).
+
+Which function gives what:
+  - queue_context(user=, now=) then request_outlooks(requests, user=, ctx=): each request's
+    Outlook; Outlook.eta is the request's range, (earliest, latest) seconds from now (wall
+    clock), latest None when unknown; None when there is no basis (and a reason says why);
+  - submission_estimate(bulk=, now=): a submission's range, as datetimes (the actual first and
+    last completion once it is finished);
+  - project(now=): the projection both read, for callers that ask many times at one moment
+    (the replay) and pass it on as queue_context(..., projection=).
+"""
+import heapq
+from collections import deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import Group
 from django.db import connection
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Count, Max, Min, Q, Sum
 
 from carousel.domain.paths import delivery_target
 from carousel.domain.selectors.summary import jobs_limit
 from carousel.loop.health import projected_disk_use
+from carousel.loop.mounts import MountPlanner
 from carousel.models import (
-    IN_FLIGHT_STATES, READY, Control, HealthState, Job, JobState, RequestState, RestoreRequest, StagerHealth,
+    ACTIVE_STATES, IN_FLIGHT_STATES, READY, BulkItem, Control, HealthState, Job, JobState, RequestState, RestoreRequest, StagerHealth,
     TapeBacklog, Transition,
 )
-from carousel.outlook.shares import caps_and_weights, throughput_shares
-from policies.selection import params_from
+from carousel.outlook.shares import caps_and_weights, drive_time_shares, throughput_shares
+from carousel.tape import MEDIA, mount_estimate_s, mount_lead_tail_s
+from policies.selection import held_drive_time, params_from, share_policy
+from policies.sharing import GroupLimit, UserDemand
 from policies.sorting import TapeInfo, worth_mounting
 
 S = RequestState
 
 #
-# Approximate by design, and cheap: a page of requests costs a handful of bounded index scans
-# and one call of the sharing policy over the users with work, whatever the queue's length.
+# Two models, both approximate by design and cheap (a page costs a handful of bounded index
+# scans, whatever the queue's length):
 #
-# The model. Each cycle hands the slots freed at the stager to users by the sharing policy,
+# With a mount plan (the stager reports its drives, or Control.drives is set): the plan's own
+# model, on the library's clock. project() lays out, in library seconds from now,
+#   - the jobs on the drives' chains, each after the one it follows: a sent job from when it
+#     was sent (its estimate less the time it has had), a pending one after its predecessor;
+#     a mount's jobs one after another (carousel/loop/mounts.py lays them out so);
+#   - then the located queue, from the trigger-kept counters (TapeBacklog: files and bytes per
+#     user and tape), as the turn policy hands it out: each user's tapes in the TAPEID order
+#     (most of their files first), turns to the user whose drive time held (their planned and
+#     sent work, then the turns given) with the run added is the smallest for their weight
+#     (the sharing policy's drive_weights), each tape's mount (carousel.tape.mount_estimate_s:
+#     the places of its files are not read) to the chain of its technology that frees first.
+#     A tape several users want is one mount, taken at the first of their turns.
+# A file's time inside its mount is its place in read order (its rank in the job, or its rank
+# by position among the tape's queued files) between the mount's lead and tail. Times are
+# divided by the library's speed-up (a simulated library running N times faster than life:
+# its status() gives `speedup`) and widened by margins measured on the replays
+# (docs/benchmarks.md: estimate_coverage_*), plus a cycle: the loop sees a file done at its
+# next cycle.
+#
+# Without a plan (a stager that keeps its own queue: tape-rest, hpss) the observed rate.
+# Each cycle hands the slots freed at the stager to users by the sharing policy,
 # and each user's slots to that user's requests by the sorting policy. A ready request leaves
 # once the requests of its own user that the sorting policy puts first have left; meanwhile
 # the other users take their shares too. So:
@@ -32,7 +68,8 @@ S = RequestState
 #   share      the user's part of what the sharing policy hands out when it has work to spare:
 #              the policy's own allocate(), run on the backlog counters, this user's demand
 #              unbounded (a user alone gets 1; its cap bounds what it takes, not its part);
-#   ahead      ~ own_ahead / share: the requests of all users expected to leave before it;
+#   ahead      ~ own_ahead / share: the requests of all users expected to leave before it
+#              (shown with either model);
 #   estimate   (ahead + what is in flight now + 1) / the observed restore rate, as a range
 #              from the slowest and the fastest ten minutes of the last hour.
 #
@@ -91,6 +128,207 @@ def eta_range(*, ahead, in_flight, rate, cycle_s):
     return ESTIMATE_LOW * work / rate.high, ESTIMATE_HIGH * work / rate.low + cycle_s
 
 
+# The projection: the plan's model -----------------------------------------------------------
+
+# The most (user, tape) counters a projection reads: a queue longer than this in tapes is
+# projected in part, the rest shown with no upper bound.
+PROJECTION_PAIRS = 20_000
+# Margins of a range around the model's time t (library seconds from now): (low, high) factors
+# and the seconds taken from the low side and added to the high one, by the step a request is at. Measured on the nominal
+# replays (docs/benchmarks.md): what the model does not know is the queue's future (arrivals
+# that take turns, the final round cut across drives, a short mount jumping ahead, a retry).
+MARGINS = {
+    "queued": (0.75, 1.3, 300.0),
+    "planned": (0.85, 1.15, 150.0),
+    "sent": (0.85, 1.15, 120.0),
+}
+FALLBACK_MEDIA = "LTO-8"
+
+
+def library_speedup(health):
+    """Library seconds per wall second: a simulated library says how much faster than life it
+    runs (status()'s `speedup`); a real one runs at 1."""
+    try:
+        speedup = float((health.status or {}).get("speedup") or 1.0)
+    except (TypeError, ValueError):
+        return 1.0
+    return speedup if speedup > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One mount of the projection: its tape and, in library seconds from now, when it starts
+    and ends (a sent one may have started before now: start < 0)."""
+
+    tape: str
+    start: float
+    end: float
+    media: str
+    chain: str = ""
+
+
+@dataclass(frozen=True)
+class Projection:
+    """The plan's model laid out from now (see the comment at the top)."""
+
+    now: datetime
+    speedup: float
+    exchange_s: float
+    jobs: dict  # job id -> Mount of its part of the mount (its own start and end)
+    chains: dict  # chain -> [job id], in the order the drive reads them
+    runs: dict  # (user id, tape id) -> Mount
+    tape_files: dict  # tape id -> located queued files on it, all users
+    turns: dict  # (user id, tape id) -> (the user's own runs before it, all runs before it)
+    end_s: float  # when the projected work is done
+    capped: bool  # the queue had more (user, tape) pairs than PROJECTION_PAIRS
+
+    def wall(self, seconds):
+        return seconds / self.speedup
+
+
+def _media(name):
+    return name if name in MEDIA else FALLBACK_MEDIA
+
+
+def project(*, now, control=None, health=None):
+    """The projection at `now`; None without a mount plan (no drive count known)."""
+    control = control or Control.get()
+    health = health or StagerHealth.get()
+    planner = MountPlanner.from_status(health.status or {}, control)
+    if planner is None:
+        return None
+    speedup = library_speedup(health)
+    jobs, chains, chain_free = _project_chains(now, speedup)
+    names = [f"{media}/{i}" for media, n in planner.drives.items() for i in range(n)]
+    free = {}
+    for name in names:
+        media = name.rsplit("/", 1)[0]
+        free.setdefault(media, []).append((max(0.0, chain_free.get(name, 0.0)), name))
+    for heap in free.values():
+        heapq.heapify(heap)
+    rows = list(TapeBacklog.objects.filter(files__gt=0, tape__quarantined_at__isnull=True)
+                .order_by("-files", "user_id", "tape_id")
+                .values_list("user_id", "tape_id", "files", "bytes", "tape__label", "tape__media")[:PROJECTION_PAIRS + 1])
+    capped = len(rows) > PROJECTION_PAIRS
+    rows = rows[:PROJECTION_PAIRS]
+    tape_files, tape_bytes, label, media_of, queues = {}, {}, {}, {}, {}
+    for user, tape, files, nbytes, name, media in rows:
+        tape_files[tape] = tape_files.get(tape, 0) + files
+        tape_bytes[tape] = tape_bytes.get(tape, 0) + (nbytes or 0)
+        label[tape], media_of[tape] = name, media or ""
+        queues.setdefault(user, []).append(tape)  # most of the user's files first (TAPEID)
+    users, groups = caps_and_weights(control, list(queues))
+    demands = [UserDemand(user=u, group=users[u][0], pending=len(t), room=users[u][1]) for u, t in queues.items()]
+    limits = {g: GroupLimit(weight=w, room=cap) for g, (w, cap) in groups.items()}
+    weights = share_policy(control.share_policy).drive_weights(demands, limits) if demands else {}
+    held = held_drive_time(list(queues))  # as the turn policy counts it
+    seconds = {t: mount_estimate_s(_media(media_of[t]), tape_files[t], tape_bytes[t],
+                                   read_rate_mb_s=planner.read_rate_mb_s, exchange_s=planner.exchange_s)
+               for t in tape_files}
+
+    def tag(user):
+        weight = weights.get(user, 0.0)
+        run = held.get(user, 0.0) + seconds[queues[user][0]]
+        return ((0, run / weight) if weight > 0 else (1, run)), user
+
+    for user in queues:
+        queues[user] = deque(queues[user])
+    heap = [tag(u) for u in queues]
+    heapq.heapify(heap)
+    runs, turns, mounted, given, own = {}, {}, {}, 0, {}
+    end_s = max([0.0, *(m.end for m in jobs.values())])
+    while heap:
+        _, user = heapq.heappop(heap)
+        tape = queues[user].popleft()
+        if tape not in mounted:
+            media = media_of[tape]
+            drives = free.get(media) or free.get("")
+            if drives is None:  # no drive of its technology: sent at once, the stager's queue
+                start = 0.0
+            else:
+                start, name = heapq.heappop(drives)
+                heapq.heappush(drives, (start + seconds[tape], name))
+            mounted[tape] = Mount(label[tape], start, start + seconds[tape], media)
+            held[user] = held.get(user, 0.0) + seconds[tape]
+            end_s = max(end_s, start + seconds[tape])
+        runs[(user, tape)] = mounted[tape]
+        turns[(user, tape)] = (own.get(user, 0), given)
+        own[user] = own.get(user, 0) + 1
+        given += 1
+        if queues[user]:
+            heapq.heappush(heap, tag(user))
+    return Projection(now=now, speedup=speedup, exchange_s=planner.exchange_s, jobs=jobs, chains=chains, runs=runs,
+                      tape_files=tape_files, turns=turns, end_s=end_s, capped=capped)
+
+
+def _project_chains(now, speedup):
+    """({job id: Mount}, {chain: [job id] in read order}, {chain: when it frees}) for the open
+    jobs (bounded by the window, N x K). A drive reads its sent jobs in the order they were
+    sent (a job sent for the tape it holds joins the end of its work, carousel/loop/mounts.py),
+    from when the first was sent; then the pending ones, each after the one it follows. A
+    mount longer than N files is several jobs after the same one, read one after another."""
+    rows = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT))
+                .order_by("sent_at", "created_at", "rank")
+                .values_list("id", "chain", "state", "after_id", "estimate_s", "sent_at", "tape_id", "tape__label",
+                             "tape__media"))
+    by_id = {r[0]: r for r in rows}
+    jobs, sent_end = {}, {}
+    for job, chain, state, after, estimate, sent_at, _, tape, media in rows:
+        if state != JobState.SENT:
+            continue
+        start = -(now - (sent_at or now)).total_seconds() * speedup
+        if chain and chain in sent_end:
+            start = max(start, sent_end[chain])
+        jobs[job] = Mount(tape or "", start, start + estimate, media or "", chain)
+        if chain:
+            sent_end[chain] = start + estimate
+    siblings = {}
+    for r in rows:
+        if r[2] == JobState.PENDING:
+            siblings.setdefault((r[1], r[3], r[6]), []).append(r[0])
+
+    def place(job_id, depth=0):
+        if job_id in jobs:
+            return jobs[job_id]
+        _, chain, _, after, _, _, tape_id, _, _ = by_id[job_id]
+        base = max(0.0, sent_end.get(chain, 0.0)) if chain else 0.0
+        if after in by_id and depth < 500:
+            base = max(base, place(after, depth + 1).end)
+        for sibling in siblings[(chain, after, tape_id)]:
+            _, _, _, _, estimate, _, _, tape, media = by_id[sibling]
+            jobs[sibling] = Mount(tape or "", base, base + estimate, media or "", chain)
+            base += estimate
+        return jobs[job_id]
+
+    for r in rows:
+        place(r[0])
+    chains, ends = {}, {}
+    for r in rows:
+        if r[1]:
+            chains.setdefault(r[1], []).append(r[0])
+    for chain, members in chains.items():
+        members.sort(key=lambda j: (jobs[j].start, jobs[j].end))
+        ends[chain] = max(jobs[j].end for j in members)
+    return jobs, chains, ends
+
+
+def _file_time(mount, rank, files, exchange_s):
+    """Library seconds from now until the file at `rank` of `files` in `mount`'s read order is
+    read: its place between the mount's lead and tail."""
+    lead, tail = mount_lead_tail_s(_media(mount.media), exchange_s=exchange_s)
+    body = max(0.0, (mount.end - mount.start) - lead - tail)
+    return mount.start + min(lead, mount.end - mount.start) + body * (rank + 1) / max(1, files)
+
+
+def _range(projection, t, step, cycle_s):
+    """(earliest, latest) wall seconds from now around the model's time `t` (library seconds)."""
+    low, high, slack = MARGINS[step]
+    t = max(0.0, t)
+    # The slack both ways: a mount's first files are read within minutes, where the robot,
+    # the load and the first locate count more than the factors.
+    return projection.wall(max(0.0, low * t - slack)), projection.wall(high * t + slack) + cycle_s
+
+
 @dataclass(frozen=True)
 class Outlook:
     """Where one request stands. Counts are approximate (see above); `capped`: they reached
@@ -111,7 +349,7 @@ class QueueContext:
     control: Control
     health: StagerHealth
     rate: Rate | None
-    share: float  # the user's part of what the sharing policy hands out
+    share: float  # the user's part of what the sharing policy hands out (for queue positions, not shown)
     in_flight: int  # files at the stager, all users
     slots: int  # files the stager may have in flight now: N x the jobs limit
     disk_use: float | None  # projected use of the stager's disk buffer
@@ -121,22 +359,31 @@ class QueueContext:
     group_in_flight: int = 0
     group_cap: int | None = None
     group_slots: float = 0.0  # the slots the user's group gets under the sharing policy
+    projection: Projection | None = None  # the plan's model (None: no plan, the observed rate)
+    drive_share: float = 0.0  # the user's share of drive time over share_period (outlook.shares)
+    share_period: str = ""
 
 
-def queue_context(*, user, now):
+def queue_context(*, user, now, projection=None):
+    """What every request of `user`'s page shares; `projection`: project(now=now) when the
+    caller has it already (it is the same for every user at one moment)."""
 
     control, health = Control.get(), StagerHealth.get()
     slots = control.files_per_job * jobs_limit(control, health.jobs_limit)
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES)
     agg = in_flight.aggregate(n=Count("id"), mine=Count("id", filter=Q(user=user)), b=Sum("size"))
     shares = throughput_shares(control=control, eager=user.id)
+    drive = drive_time_shares(now=now)
     users, groups = caps_and_weights(control, [user.id])
     group_id, user_cap = users[user.id]
     ctx = QueueContext(now=now, control=control, health=health, rate=restore_rate(now=now),
                        share=shares.users.get(user.id, 0.0), in_flight=agg["n"], slots=slots,
                        disk_use=projected_disk_use(free=health.disk_free_bytes, total=health.disk_total_bytes,
                                                    incoming=agg["b"] or 0),
-                       user_in_flight=agg["mine"], user_cap=user_cap)
+                       user_in_flight=agg["mine"], user_cap=user_cap, drive_share=drive.of_user(user.id),
+                       share_period=drive.period,
+                       projection=projection if projection is not None else project(now=now, control=control,
+                                                                                    health=health))
     if group_id is None:
         return ctx
     return replace(ctx, group_name=Group.objects.get(id=group_id).name, group_cap=groups[group_id][1],
@@ -267,21 +514,30 @@ def _plus(n, capped):
 
 def request_outlooks(requests, *, user, ctx):
     """{request id: Outlook} for a page of one user's requests (their tapes selected), given
-    the user's queue_context()."""
+    the user's queue_context(). Outlook.eta is each request's range (see the module's doc)."""
     now = ctx.now
     ready = [r for r in requests if r.state == S.QUEUED and r.tape_id is not None]
     own = _own_ahead(user, ready, ctx)
     waiting = _tapes_waiting(ready, ctx)
     common = _common_reasons(ctx)
-    no_rate = () if ctx.rate else ("no request finished in the last hour, so there is no estimate yet",)
-    at_stager = eta_range(ahead=0, in_flight=ctx.in_flight, rate=ctx.rate, cycle_s=ctx.control.cycle_s)
-    # Jobs of the mount plan not sent yet: the request waits here for its drive, not at the stager.
-    planned = dict(Job.objects.filter(id__in={r.job_id for r in requests if r.state == S.SUBMITTED and r.job_id},
-                                      state=JobState.PENDING).values_list("id", "chain"))
+    proj = ctx.projection
+    if proj is None:
+        no_rate = () if ctx.rate else ("no request finished in the last hour, so there is no estimate yet",)
+        at_stager = eta_range(ahead=0, in_flight=ctx.in_flight, rate=ctx.rate, cycle_s=ctx.control.cycle_s)
+    else:
+        no_rate, at_stager = (), None
+    ranks = _ranks_on_tape([r for r in ready if proj is not None and (user.id, r.tape_id) in proj.runs])
+    jobs = {j: rest for j, *rest in Job.objects.filter(
+        id__in={r.job_id for r in requests if r.state in IN_FLIGHT_STATES and r.job_id})
+        .values_list("id", "state", "chain", "files")}
+    cycle_s = ctx.control.cycle_s
     out = {}
     for r in requests:
+        job_state, chain, job_files = jobs.get(r.job_id, (None, "", 0))
         if r.state == S.QUEUED and r.tape_id is None:
-            out[r.id] = Outlook(reasons=("not located yet: the broker asks the stager which tape holds it",))
+            out[r.id] = Outlook(reasons=(
+                "not located yet, so there is no estimate: the broker asks the stager which tape holds it "
+                f"(at its next cycle, every {cycle_s:g} s while the stager is healthy)",))
         elif r.state == S.QUEUED:
             own_ahead, capped = own[r.id]
             ahead = round(own_ahead / ctx.share) if ctx.share else None
@@ -295,22 +551,47 @@ def request_outlooks(requests, *, user, ctx):
                 are = "requests are" if ahead > 1 or capped else "request is"
                 reasons.append(f"about {_plus(ahead, capped)} {are} ahead of it ({_plus(own_ahead, capped)} "
                                f"of yours) under {ctx.control.sort_policy} / {ctx.control.share_policy}")
-            eta = eta_range(ahead=ahead or 0, in_flight=ctx.in_flight, rate=ctx.rate, cycle_s=ctx.control.cycle_s)
-            if eta and (capped or ahead is None):
-                eta = (eta[0], None)
+            if proj is None:
+                eta = eta_range(ahead=ahead or 0, in_flight=ctx.in_flight, rate=ctx.rate, cycle_s=cycle_s)
+                if eta and (capped or ahead is None):
+                    eta = (eta[0], None)
+            elif (user.id, r.tape_id) in proj.runs and not r.tape.quarantined_at:
+                mount = proj.runs[(user.id, r.tape_id)]
+                mine, before = proj.turns[(user.id, r.tape_id)]
+                t = _file_time(mount, ranks.get(r.id, 0), proj.tape_files.get(r.tape_id, 1), proj.exchange_s)
+                eta = _range(proj, t, "queued", cycle_s)
+                reasons.append(f"its tape {r.tape.label} is your turn {mine + 1} and turn {before + 1} of all "
+                               f"under the sharing policy {ctx.control.share_policy}: its mount about "
+                               f"{_clock(proj, mount.start)}-{_clock(proj, mount.end)}")
+            else:
+                eta = (_range(proj, proj.end_s, "queued", cycle_s)[0], None)
             out[r.id] = Outlook(own_ahead=own_ahead, ahead=ahead, capped=capped, eta=eta,
                                 reasons=tuple(reasons) + no_rate)
-        elif r.state == S.SUBMITTED and r.job_id in planned:
-            out[r.id] = Outlook(own_ahead=0, ahead=0, eta=at_stager and (0.0, None), reasons=(
-                f"planned on drive {planned[r.job_id] or '?'}: sent to the stager once the mount before it there "
-                "is done",))
+        elif r.state == S.SUBMITTED and job_state == JobState.PENDING:
+            eta, ahead_of_it = None, ""
+            if proj is not None and r.job_id in proj.jobs:
+                mount = proj.jobs[r.job_id]
+                eta = _range(proj, _file_time(mount, r.job_rank, job_files, proj.exchange_s), "planned", cycle_s)
+                ahead_of_it = _mounts_ahead(proj, chain, r.job_id)
+            elif at_stager:
+                eta = (0.0, None)
+            out[r.id] = Outlook(own_ahead=0, ahead=0, eta=eta, reasons=(
+                f"planned on drive {chain or '?'}: sent to the stager once the mount before it there "
+                f"is done{ahead_of_it}",))
         elif r.state in IN_FLIGHT_STATES:
             doing = "being read from tape" if r.state == S.STAGING else "at the stager, waiting for tape"
-            out[r.id] = Outlook(own_ahead=0, ahead=0, eta=at_stager and (0.0, at_stager[1]),
+            if proj is not None and r.job_id in proj.jobs:
+                mount = proj.jobs[r.job_id]
+                eta = _range(proj, _file_time(mount, r.job_rank, job_files, proj.exchange_s), "sent", cycle_s)
+            else:
+                eta = at_stager and (0.0, at_stager[1])
+            out[r.id] = Outlook(own_ahead=0, ahead=0, eta=eta,
                                 reasons=(f"{doing} {r.tape.label if r.tape_id else ''}".strip(),))
         elif r.state == S.RETRY:
             wait = max(0.0, (r.retry_at - now).total_seconds())
-            out[r.id] = Outlook(eta=(wait, None), reasons=(
+            # Back in the queue at its retry time, behind what is projected by then at worst.
+            high = wait + _range(proj, proj.end_s, "queued", cycle_s)[1] if proj is not None else None
+            out[r.id] = Outlook(eta=(wait, high), reasons=(
                 f"failed for now ({r.last_error or 'a transient error'}); "
                 f"tried again from {r.retry_at:%Y-%m-%d %H:%M} UTC",))
         elif r.state == S.DELIVERING:
@@ -319,3 +600,120 @@ def request_outlooks(requests, *, user, ctx):
         else:
             out[r.id] = Outlook()
     return out
+
+
+# Ranks are counted in slices: one aggregate column per request.
+RANK_SLICE = 200
+MOUNTS_LISTED = 5
+
+
+def _ranks_on_tape(ready):
+    """{request id: the located queued requests of its tape, all users', at a smaller
+    position}: its place in the mount's read order (position order stands for it)."""
+    ranks = {}
+    for i in range(0, len(ready), RANK_SLICE):
+        part = ready[i:i + RANK_SLICE]
+        agg = RestoreRequest.objects.filter(READY, tape_id__in={r.tape_id for r in part}).aggregate(**{
+            f"r{r.id}": Count("id", filter=Q(tape_id=r.tape_id, position__lt=r.position or 0)) for r in part})
+        ranks.update((r.id, agg[f"r{r.id}"] or 0) for r in part)
+    return ranks
+
+
+def _clock(proj, seconds):
+    """The wall-clock time (UTC, hours and minutes) `seconds` of the library from the projection's now."""
+    return f"{proj.now + timedelta(seconds=proj.wall(max(0.0, seconds))):%H:%M}"
+
+
+def _mounts_ahead(proj, chain, job_id):
+    """"; ahead of it on that drive: tape X (...)" for the mounts before `job_id`'s on `chain`."""
+    mine = proj.jobs[job_id]
+    mounts = []  # [tape, start, end]: a mount's jobs (a tape's, one after another) as one
+    for j in proj.chains.get(chain, []):
+        m = proj.jobs[j]
+        if m.end > mine.start + 1e-6 or j == job_id:
+            continue
+        if mounts and mounts[-1][0] == m.tape and abs(mounts[-1][2] - m.start) < 1e-6:
+            mounts[-1][2] = m.end
+        else:
+            mounts.append([m.tape, m.start, m.end])
+    if mounts and mounts[-1][0] == mine.tape and abs(mounts[-1][2] - mine.start) < 1e-6:
+        mounts.pop()  # the same mount's earlier jobs
+    if not mounts:
+        return "; nothing else is ahead of it on that drive"
+    listed = [f"tape {tape or '?'} ({'on the drive now, ' if start <= 0 else ''}about "
+              f"{_clock(proj, start)}-{_clock(proj, end)})" for tape, start, end in mounts[:MOUNTS_LISTED]]
+    more = f" and {len(mounts) - MOUNTS_LISTED} more" if len(mounts) > MOUNTS_LISTED else ""
+    return f"; ahead of it on that drive (UTC): {', '.join(listed)}{more}"
+
+
+@dataclass(frozen=True)
+class SubmissionEstimate:
+    """A submission's range: when its unfinished files are done, earliest and latest (UTC
+    datetimes; latest None when some located file has no upper bound). Once nothing is left to
+    do, the actual first and last completion (`actual`). None of it when no file is located
+    (`unlocated`: the files that wait for the stager to say where they are)."""
+
+    earliest: datetime | None
+    latest: datetime | None
+    actual: bool = False
+    unlocated: int = 0
+
+
+def submission_estimate(*, bulk, now, projection=None):
+    """The range of submission `bulk` (a Bulk) at `now`: one aggregate per kind of step, over
+    its requests grouped by job and by tape (bounded by the window and the tapes, not by the
+    files), read against the same projection as each request's outlook."""
+    members = RestoreRequest.objects.filter(
+        Q(bulk_id=bulk.id) | Q(id__in=BulkItem.objects.filter(bulk_id=bulk.id).values("request_id"))).order_by()
+    done = members.filter(state=S.DONE).aggregate(first=Min("finished_at"), last=Max("finished_at"))
+    active = members.filter(state__in=ACTIVE_STATES)
+    unlocated = active.filter(state=S.QUEUED, tape__isnull=True).count()
+    control = Control.get()
+    proj = projection if projection is not None else project(now=now, control=control)
+    lows, highs, open_ended = [], [], False
+    in_flight = list(active.filter(state__in=IN_FLIGHT_STATES).values("job_id").annotate(
+        first=Min("job_rank"), last=Max("job_rank")).values_list("job_id", "first", "last", "job__files",
+                                                                  "job__state"))
+    queued = list(active.filter(READY).values("tape_id").annotate(n=Count("id")).values_list("tape_id", "n"))
+    retry = active.filter(state=S.RETRY).aggregate(first=Min("retry_at"), n=Count("id"))
+    delivering = active.filter(state=S.DELIVERING).exists()
+    if not in_flight and not queued and not retry["n"] and not delivering:
+        if unlocated:
+            return SubmissionEstimate(None, None, unlocated=unlocated)
+        return SubmissionEstimate(done["first"], done["last"], actual=True)
+    cycle_s = control.cycle_s
+    if proj is None:  # no plan: the observed rate, as for each request
+        rate = restore_rate(now=now)
+        n = sum(count for _, count in queued) + len(in_flight) + (retry["n"] or 0)
+        first = eta_range(ahead=0, in_flight=0, rate=rate, cycle_s=cycle_s)
+        last = eta_range(ahead=n, in_flight=0, rate=rate, cycle_s=cycle_s)
+        if first is None:
+            return SubmissionEstimate(None, None, unlocated=unlocated)
+        return SubmissionEstimate(now + timedelta(seconds=first[0]), now + timedelta(seconds=last[1]),
+                                  unlocated=unlocated)
+    for job_id, first, last, files, state in in_flight:
+        mount = proj.jobs.get(job_id)
+        if mount is None:
+            open_ended = True
+            continue
+        step = "planned" if state == JobState.PENDING else "sent"
+        lows.append(_range(proj, _file_time(mount, first, files or 1, proj.exchange_s), step, cycle_s)[0])
+        highs.append(_range(proj, _file_time(mount, last, files or 1, proj.exchange_s), step, cycle_s)[1])
+    for tape_id, _ in queued:
+        mount = proj.runs.get((bulk.user_id, tape_id))
+        if mount is None:
+            lows.append(_range(proj, proj.end_s, "queued", cycle_s)[0])
+            open_ended = True
+            continue
+        files = proj.tape_files.get(tape_id, 1)
+        lows.append(_range(proj, _file_time(mount, 0, files, proj.exchange_s), "queued", cycle_s)[0])
+        highs.append(_range(proj, _file_time(mount, files - 1, files, proj.exchange_s), "queued", cycle_s)[1])
+    if retry["n"]:
+        wait = max(0.0, (retry["first"] - now).total_seconds())
+        lows.append(wait)
+        highs.append(wait + _range(proj, proj.end_s, "queued", cycle_s)[1])
+    if delivering:
+        lows.append(0.0)
+    earliest = now + timedelta(seconds=min(lows)) if lows else None
+    latest = now + timedelta(seconds=max(highs)) if highs and not open_ended else None
+    return SubmissionEstimate(earliest, latest, unlocated=unlocated)

@@ -13,7 +13,7 @@ from carousel.domain.selectors.summary import jobs_limit, stager_health
 from carousel.models import (
     IN_FLIGHT_STATES, Control, HourlyStats, Job, JobState, RequestState, RestoreRequest, StagerHealth, UserBacklog,
 )
-from carousel.outlook.shares import caps_and_weights, throughput_shares
+from carousel.outlook.shares import caps_and_weights, drive_time_shares, throughput_shares
 
 S = RequestState
 
@@ -64,13 +64,14 @@ class LiveFigures:
     jobs: list  # open jobs per tape (dicts), the longest waiting first, at most JOBS_SHOWN tapes
     in_flight: int
     slots: int
-    users: list  # dicts: username, group, files, bytes, in_flight, share; most files first
+    users: list  # dicts: username, group, files, bytes, in_flight, share (of drive time); most files first
     users_with_work: int
     groups: list  # dicts: group, users, files, bytes, in_flight, share, drives, reserved_drives, max_drives
     activities: list  # dicts: activity, in_flight, drive_s, drive_share, restored_last_hour (activity_figures)
     unlocated: tuple  # capped_count
     delivering: tuple  # capped_count
     series: list  # hourly_series
+    share_period: str = ""  # the period of every share figure (outlook.shares.drive_time_shares)
 
 
 def live_figures(*, now):
@@ -79,10 +80,11 @@ def live_figures(*, now):
     health = stager_health()
     in_flight_by_user = dict(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).order_by()
                              .values_list("user_id").annotate(n=Count("id")).values_list("user_id", "n"))
-    shares = throughput_shares(control=control)
+    shares = throughput_shares(control=control)  # who waits (users_with_work)
+    drive = drive_time_shares(now=now)
     backlog = UserBacklog.objects.filter(files__gt=0)
     users = [{"username": name, "group": group or "", "files": files, "bytes": nbytes,
-              "in_flight": in_flight_by_user.get(user_id, 0), "share": shares.users.get(user_id, 0.0)}
+              "in_flight": in_flight_by_user.get(user_id, 0), "share": drive.of_user(user_id)}
              for user_id, name, group, files, nbytes in backlog.order_by("-files", "user_id").values_list(
                  "user_id", "user__username", "user__account__group__name", "files", "bytes")[:TOP_USERS]]
     in_flight_groups, _ = caps_and_weights(control, list(in_flight_by_user))
@@ -92,17 +94,19 @@ def live_figures(*, now):
             .annotate(u=Count("user_id"), f=Sum("files"), b=Sum("bytes"))
             .values_list("user__account__group_id", "user__account__group__name", "u", "f", "b")):
         groups[group_id] = {"group": name or "", "users": n_users, "files": files, "bytes": nbytes, "in_flight": 0,
-                            "share": shares.groups.get(group_id, 0.0)}
+                            "share": drive.of_group(group_id)}
     for user_id, n in in_flight_by_user.items():
         group_id = in_flight_groups[user_id][0]
         if group_id not in groups:
-            groups[group_id] = {"group": "", "users": 0, "files": 0, "bytes": 0, "in_flight": 0, "share": 0.0}
+            groups[group_id] = {"group": "", "users": 0, "files": 0, "bytes": 0, "in_flight": 0,
+                                "share": drive.of_group(group_id)}
         groups[group_id]["in_flight"] += n
     # Drive allocation: what each group reads on now, against what an operator gave it.
     allocation, using = drive_allocation(), drives_in_use()
     for group_id in set(allocation) | set(using):
         if group_id not in groups:
-            groups[group_id] = {"group": "", "users": 0, "files": 0, "bytes": 0, "in_flight": 0, "share": 0.0}
+            groups[group_id] = {"group": "", "users": 0, "files": 0, "bytes": 0, "in_flight": 0,
+                                "share": drive.of_group(group_id)}
     for group_id, row in groups.items():
         reserved, most = allocation.get(group_id, (0, None))
         row.update(drives=len(using.get(group_id, ())), reserved_drives=reserved, max_drives=most)
@@ -123,4 +127,4 @@ def live_figures(*, now):
         slots=control.files_per_job * jobs_limit(control, health["jobs_limit"]),
         users=users, users_with_work=len(shares.group_of), groups=groups, activities=activity_figures(now=now),
         unlocated=capped_count(queued), delivering=capped_count(RestoreRequest.objects.filter(state=S.DELIVERING)),
-        series=hourly_series(now=now))
+        series=hourly_series(now=now), share_period=drive.period)

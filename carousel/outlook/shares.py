@@ -1,7 +1,21 @@
-"""Each user's and group's part of the stager under the active sharing policy, for the pages."""
+"""Shares, for the pages.
+
+The share of a user or a group, wherever a page, the API or the CLI shows one, is one quantity:
+their part of the drives' time over a stated period, as the sharing policy counts it (drive
+time held: each mount's time shared among the users by their files on it; the mounts on the
+drives now count for the time they have had so far). drive_time_shares() gives it, with the
+period's name to show next to the figure; the usage report's drive_share is the same figure
+(carousel.ops.usage.drive_seconds computes both; the ops layer is below this one). The pages'
+"now" is the current UTC day so far (SHARE_PERIOD); the usage page and API name a period.
+
+throughput_shares() is something else, kept for the queue positions of carousel/outlook/
+estimates.py: how the policy would split the stager's slots among the users waiting now.
+"""
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from carousel.models import Account, GroupShare, UserBacklog
+from carousel.ops import usage
 from policies.selection import share_policy
 from policies.sharing import GroupLimit, UserDemand
 
@@ -60,3 +74,47 @@ def throughput_shares(*, control, eager=None):
                   groups={g: n / total for g, n in group_grants.items() if n},
                   group_slots={g: n / SHARE_SCALE for g, n in group_grants.items()},
                   group_of={u: g for u, (g, _) in users.items()})
+
+
+@dataclass(frozen=True)
+class PeriodShare:
+    """Shares of drive time over one period (whole UTC days, until excluded)."""
+
+    since: datetime
+    until: datetime
+    period: str  # its name, shown next to every figure
+    users: dict  # user id -> fraction
+    groups: dict  # group id (None: no group) -> fraction
+    total_s: float  # drive seconds in the period, everyone's
+
+    def of_user(self, user_id):
+        return self.users.get(user_id, 0.0)
+
+    def of_group(self, group_id):
+        return self.groups.get(group_id, 0.0)
+
+
+SHARE_PERIOD = "today"
+
+
+def period_name(since, until, now):
+    """How a page names a period: "today (2026-11-28 UTC, so far)", or its days."""
+    since, until = usage.day_floor(since), usage.day_ceil(until)
+    last = until - timedelta(days=1)
+    if since == usage.day_floor(now) and until == since + timedelta(days=1):
+        return f"today ({since:%Y-%m-%d} UTC, so far)"
+    if since == last:
+        return f"{since:%Y-%m-%d} UTC"
+    return f"{since:%Y-%m-%d} to {last:%Y-%m-%d} UTC"
+
+
+def drive_time_shares(*, now, since=None, until=None):
+    """Every user's and group's share of drive time over the whole UTC days from since to
+    until (until excluded; default: today so far)."""
+    since = usage.day_floor(since or now)
+    until = usage.day_ceil(until) if until else since + timedelta(days=1)
+    users, total = usage.drive_seconds(since=since, until=until, by="user", now=now)
+    groups, _ = usage.drive_seconds(since=since, until=until, by="group", now=now)
+    return PeriodShare(since=since, until=until, period=period_name(since, until, now),
+                       users={u: usage.share_of(s, total) for u, s in users.items()},
+                       groups={(g or None): usage.share_of(s, total) for g, s in groups.items()}, total_s=total)

@@ -175,11 +175,14 @@ def load_workload_map(workload):
     return tape_map_load(lines=lines, now=timezone.now())
 
 
-def replay_broker(workload, *, control=None, progress=None, mismatch=None, backend="simulated", tape_map=False):
+def replay_broker(workload, *, control=None, progress=None, mismatch=None, backend="simulated", tape_map=False,
+                  estimates=True):
     """Run the real loop over the workload in the current (empty) database; `mismatch`: a
     library.Mismatch for a library departing from the model the broker plans with. `backend`
     "hsm-fifo": a tape system that hides its tapes (carousel/sim/hsm.py), the control row's drives
-    to plan for set to the library's; `tape_map`: the workload's tapes loaded as the site's map."""
+    to plan for set to the library's; `tape_map`: the workload's tapes loaded as the site's map;
+    `estimates`: record the range each request is shown when it is located and when it is
+    planned (EstimateRecorder; it only reads, so the broker decides the same either way)."""
     from carousel.domain import intake
     from carousel.loop.cycle import run_cycle
     from carousel.models import ACTIVE_STATES, Control, RestoreRequest
@@ -212,6 +215,7 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None, backe
     arrivals = _arrivals(workload)
     next_arrival = 0
     cycle = cycles = 0
+    recorder = EstimateRecorder() if estimates else None
     while True:
         now = start + cycle * period
         while next_arrival < len(arrivals) and arrivals[next_arrival][0] <= now:
@@ -226,6 +230,8 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None, backe
             raise ReplayError("the cycle was skipped: another process holds the loop's lock on this database")
         if progress:
             progress(now, report)
+        if recorder is not None:
+            recorder.observe(EPOCH + timedelta(seconds=now))
         pending_arrivals = next_arrival < len(arrivals)
         if not pending_arrivals and not RestoreRequest.objects.filter(state__in=ACTIVE_STATES).exists():
             break
@@ -259,8 +265,106 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None, backe
     extra = _mismatch_extra(mismatch)
     if hidden:
         extra.update(backend=backend, tape_map=tape_map)
+    if recorder is not None:
+        extra.update(recorder.scores())
     return Outcome(library=library, start=start, requests=requests, policy=policy, cycles=cycles,
                    wall_s=time.perf_counter() - began, extra=extra)
+
+
+class EstimateRecorder:
+    """The ranges the pages show (carousel.outlook.estimates), recorded per request after each
+    cycle: the first one shown once the request is located, and the first shown once it is
+    planned on a chain (a request never planned: the one shown at the step it reaches next).
+    scores() compares them with when each restored request was done."""
+
+    def __init__(self):
+        self.located = {}  # request id -> (earliest, latest) as datetimes, latest None: unknown
+        self.planned = {}
+        self.submitted = {}  # request id -> created_at
+        self.step = {}  # request id -> its state when first seen located
+        self.counts = None
+
+    def observe(self, now):
+        from django.contrib.auth.models import User
+        from django.db.models import Count, Q
+
+        from carousel.models import ACTIVE_STATES, RequestState, RestoreRequest
+        from carousel.outlook import estimates
+
+        # Only a cycle that located, planned or sent requests, or put some back to retry,
+        # changes a step whose range is recorded: the counts say whether one did.
+        # (A request that joined another user's stage at submission is in a job before its own
+        # locate: it is seen from there.)
+        seen = Q(state__in=ACTIVE_STATES) & (Q(tape__isnull=False) | Q(job__isnull=False))
+        counts = RestoreRequest.objects.aggregate(
+            queued=Count("id", filter=Q(state=RequestState.QUEUED, tape__isnull=False)),
+            retry=Count("id", filter=Q(state=RequestState.RETRY)), total=Count("id", filter=seen))
+        if counts == self.counts:
+            return
+        self.counts = counts
+        rows = RestoreRequest.objects.filter(seen).values_list("id", "state")
+        wanted = [i for i, state in rows
+                  if i not in self.located or (state != RequestState.QUEUED and i not in self.planned)]
+        if not wanted:
+            return
+        projection = estimates.project(now=now)
+        by_user = {}
+        for i in range(0, len(wanted), 500):
+            for r in RestoreRequest.objects.filter(id__in=wanted[i:i + 500]).select_related("tape"):
+                by_user.setdefault(r.user_id, []).append(r)
+        for user_id, requests in by_user.items():
+            user = User.objects.get(id=user_id)
+            ctx = estimates.queue_context(user=user, now=now, projection=projection)
+            for i in range(0, len(requests), estimates.RANK_SLICE):
+                part = requests[i:i + estimates.RANK_SLICE]
+                outlooks = estimates.request_outlooks(part, user=user, ctx=ctx)
+                for r in part:
+                    eta = outlooks[r.id].eta
+                    shown = None if eta is None else (
+                        now + timedelta(seconds=eta[0]), None if eta[1] is None else now + timedelta(seconds=eta[1]))
+                    self.submitted.setdefault(r.id, r.created_at)
+                    self.located.setdefault(r.id, shown)
+                    self.step.setdefault(r.id, r.state)
+                    if r.state != RequestState.QUEUED:
+                        self.planned.setdefault(r.id, shown)
+
+    def scores(self):
+        """estimate_coverage_located, estimate_coverage_planned: the fraction of the restored
+        requests done inside the range shown when located, when planned (a request never seen
+        planned: the range it was shown located); estimate_width_ratio: the median width of
+        the range shown when located over the median wait (done - submitted)."""
+        from carousel.models import RequestState, RestoreRequest
+
+        done = dict(RestoreRequest.objects.filter(state=RequestState.DONE).values_list("id", "finished_at"))
+
+        def inside(shown, at):
+            return shown is not None and shown[1] is not None and shown[0] <= at <= shown[1]
+
+        scored = [i for i in done if i in self.located]
+        widths = [(s[1] - s[0]).total_seconds() if s and s[1] is not None else math.inf
+                  for s in (self.located[i] for i in scored)]
+        waits = [(done[i] - self.submitted[i]).total_seconds() for i in scored]
+        median_wait = percentile(waits, 0.5)
+        median_width = percentile(widths, 0.5) if scored else None
+        return {
+            "estimate_coverage_located": (sum(inside(self.located[i], done[i]) for i in scored) / len(scored)
+                                          if scored else None),
+            "estimate_coverage_planned": (sum(inside(self.planned.get(i, self.located[i]), done[i]) for i in scored)
+                                          / len(scored) if scored else None),
+            # None when most ranges had no upper bound (an infinite width).
+            "estimate_width_ratio": (median_width / median_wait
+                                     if median_wait and median_width is not None and math.isfinite(median_width)
+                                     else None),
+            "estimate_files_scored": len(scored),
+            # Where the misses are: per state when first seen located, done before, inside, after.
+            "estimate_detail": {state: {"early": sum(1 for i in scored if self.step[i] == state and self.located[i]
+                                                     and done[i] < self.located[i][0]),
+                                        "late": sum(1 for i in scored if self.step[i] == state
+                                                    and not inside(self.located[i], done[i])
+                                                    and not (self.located[i] and done[i] < self.located[i][0])),
+                                        "files": sum(1 for i in scored if self.step[i] == state)}
+                                for state in sorted({self.step[i] for i in scored})},
+        }
 
 
 def next_change(library, *, horizon):

@@ -1,0 +1,123 @@
+"""Estimates at every step, from the mount plan's model on the library's clock
+(carousel/outlook/estimates.py), and the replay's scores of them (carousel/sim/replay.py)."""
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from carousel.domain import selectors
+from carousel.domain.services import restore_submit
+from carousel.loop.locating import locate_requests
+from carousel.models import Bulk, Control, Job, RestoreRequest, StagerHealth, Tape
+from carousel.outlook import estimates
+from carousel.sim.replay import replay_broker, report
+from carousel.sim.workload import load
+from tests.site_plugins import MapStager
+
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+
+def drives(n=2, speedup=None, media="LTO-7"):
+    status = {"drives": [{"name": f"{media} #{i}", "media": media} for i in range(n)]}
+    if speedup is not None:
+        status["speedup"] = speedup
+    StagerHealth.get()
+    StagerHealth.objects.filter(id=1).update(status=status)
+
+
+def outlooks(user, now):
+    rows, _ = selectors.request_page(user=user, size=200)
+    ctx = estimates.queue_context(user=user, now=now)
+    by_id = estimates.request_outlooks(rows, user=user, ctx=ctx)
+    return {r.path: by_id[r.id] for r in rows}
+
+
+def located(user, where, now):
+    restore_submit(user=user, now=now, paths=list(where))
+    locate_requests(now=now, stager=MapStager(where), limit=10_000)
+
+
+def chain_of_two(alice, now, *, sent_s_ago=600):
+    """On drive LTO-7/0: tape T1's mount sent `sent_s_ago` s ago (an hour by the model), then
+    T2's (half an hour) planned after it; one file of alice's in each."""
+    located(alice, {"/t1/a": ("T1", 10**9), "/t2/a": ("T2", 10**9)}, now)
+    t1, t2 = Tape.objects.get(label="T1"), Tape.objects.get(label="T2")
+    first = Job.objects.create(created_at=now, tape=t1, state="sent", chain="LTO-7/0", estimate_s=3600, files=1,
+                               sent_at=now - timedelta(seconds=sent_s_ago))
+    second = Job.objects.create(created_at=now, tape=t2, chain="LTO-7/0", after=first, estimate_s=1800, files=1)
+    RestoreRequest.objects.filter(path="/t1/a").update(state="staging", job=first, submitted_at=now, started_at=now)
+    RestoreRequest.objects.filter(path="/t2/a").update(state="submitted", job=second, submitted_at=now)
+    return first, second
+
+
+def test_a_planned_request_has_a_range_and_names_the_mounts_ahead_with_theirs(alice, now):
+    drives(speedup=1)
+    chain_of_two(alice, now)
+    got = outlooks(alice, now)
+    low, high = got["/t2/a"].eta
+    # The mount ahead has 3,000 s left by the model, its own takes 1,800: done within them.
+    assert 0 < low < 3000 + 1800 < high
+    assert "planned on drive LTO-7/0" in got["/t2/a"].reasons[0]
+    assert "ahead of it on that drive (UTC): tape T1 (on the drive now, about" in got["/t2/a"].reasons[0]
+    # The file being read: within what its mount has left.
+    low, high = got["/t1/a"].eta
+    assert low < 3000 < high and got["/t1/a"].reasons == ("being read from tape T1",)
+
+
+def test_a_faster_library_gives_times_as_much_shorter(alice, now):
+    drives(speedup=1)
+    chain_of_two(alice, now, sent_s_ago=0)
+    at_1 = outlooks(alice, now)["/t2/a"].eta
+    drives(speedup=20)
+    at_20 = outlooks(alice, now)["/t2/a"].eta
+    cycle_s = Control.get().cycle_s
+    assert at_20[0] == pytest.approx(at_1[0] / 20)
+    assert at_20[1] - cycle_s == pytest.approx((at_1[1] - cycle_s) / 20)
+
+
+def test_a_queued_request_gets_its_turn_after_the_chains(alice, bob, now):
+    Control.objects.update_or_create(id=1, defaults={"share_policy": "EQUAL"})
+    drives(n=1, speedup=1)
+    chain_of_two(alice, now)
+    located(bob, {f"/b/{i}": ("TB", i * 10**10) for i in range(5)}, now)
+    located(alice, {"/a/queued": ("TA", 10**9)}, now)
+    got = {**outlooks(alice, now), **outlooks(bob, now)}
+    chains_end = 3000 + 1800
+    for path in ("/a/queued", "/b/0", "/b/4"):
+        low, high = got[path].eta
+        assert low > 0.5 * chains_end and high > low, (path, got[path])
+        assert "under the sharing policy EQUAL" in got[path].reasons[-1]
+    # Bob's files in read order along his mount.
+    assert got["/b/0"].eta[0] < got["/b/4"].eta[0]
+
+
+def test_a_request_not_located_has_no_estimate_and_says_what_it_waits_for(alice, now):
+    drives()
+    restore_submit(user=alice, now=now, paths=["/nowhere/yet"])
+    got = outlooks(alice, now)["/nowhere/yet"]
+    assert got.eta is None
+    assert "no estimate" in got.reasons[0] and "asks the stager which tape holds it" in got.reasons[0]
+
+
+def test_a_submission_has_a_range_then_its_actual_first_and_last(alice, now):
+    drives(speedup=1)
+    first, second = chain_of_two(alice, now)
+    bulk = Bulk.objects.get()
+    got = estimates.submission_estimate(bulk=bulk, now=now)
+    assert not got.actual and now < got.latest and got.earliest <= got.latest
+    assert got.latest - now > timedelta(seconds=3000 + 1800)
+    for path, s in (("/t1/a", 100), ("/t2/a", 900)):
+        RestoreRequest.objects.filter(path=path).update(state="done", finished_at=now + timedelta(seconds=s))
+    got = estimates.submission_estimate(bulk=bulk, now=now + timedelta(hours=1))
+    assert got.actual and (got.earliest, got.latest) == (now + timedelta(seconds=100), now + timedelta(seconds=900))
+
+
+def test_the_replay_report_scores_the_estimates_shown(db):
+    """pic-lto4-far: 44 files of one tape on one drive. The fields are there, sane, and the
+    ranges hold (coverage is not timing: the replay's clock is simulated)."""
+    w = load(WORKLOADS / "pic-lto4-far.json")
+    result = report(w, replay_broker(w))
+    assert result["estimate_files_scored"] == result["files_done"] == 44
+    for key in ("estimate_coverage_located", "estimate_coverage_planned"):
+        assert 0.9 <= result[key] <= 1.0, (key, result[key])
+    assert 0 < result["estimate_width_ratio"] <= 0.5
