@@ -103,6 +103,8 @@ def test_the_command_replays_hsm_fifo_with_the_map_in_a_throwaway_database(db, t
     assert result["files_done"] == 25 and result["files_failed"] == 0
     # Each tape mounted once: the map gave the broker whole tapes.
     assert result["mounts"] == result["tapes"] == 4
+    # The wear figure counts this library's mounts too (its own dispatch once skipped the log).
+    assert result["max_mounts_per_tape_day"] == 1
     assert not RestoreRequest.objects.exists()
 
 

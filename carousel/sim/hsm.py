@@ -11,7 +11,7 @@ that hides its tapes, as dCache or CTA behind the Tape REST API do.
   while it is mounted wait for its next mount: the system schedules whole recalls, first come
   first served (dCache's Tape REST path), not the broker's jobs.
 """
-from carousel.sim.library import FAILED, FETCH, IDLE, QUEUED, STAGING, Library
+from carousel.sim.library import FAILED, QUEUED, Library
 from carousel.stagers.base import LocateError, Location, directory_tape_label
 from carousel.stagers.simulated import SimulatedStager
 
@@ -31,25 +31,9 @@ class FifoLibrary(Library):
             self.queue.append([self.seq, job, tape, media, items])
         self._dispatch()
 
-    def _dispatch(self):
-        for drive in self.drives:
-            if drive.phase != IDLE or not self.queue:
-                continue
-            held = {d.tape for d in self.drives if d.tape}
-            first = next((e for e in self.queue if e[3] == drive.media and e[2] not in held), None)
-            if first is None:
-                continue
-            tape = first[2]
-            taken = [e for e in self.queue if e[2] == tape]
-            self.queue = [e for e in self.queue if e[2] != tape]
-            drive.tape, drive.head = tape, 0
-            self.changes += 1
-            items = sorted((item for entry in taken for item in entry[4]), key=lambda item: item[2])
-            drive.work.extend(items)
-            for item in items:
-                self.jobs[item[0]][item[1]] = STAGING
-            self.mounts += 1
-            self._robot(drive, FETCH)
+    def _work_of(self, taken):
+        # A FIFO recall system reads every file then queued for the tape in position order.
+        return sorted((item for entry in taken for item in entry[4]), key=lambda item: item[2])
 
 
 class HiddenTapesStager(SimulatedStager):

@@ -281,14 +281,18 @@ class Library:
             self.queue = [e for e in self.queue if e[2] != tape]
             drive.tape, drive.head = tape, 0
             self.changes += 1
-            for entry in taken:
-                drive.work.extend(entry[4])
-                for item in entry[4]:
-                    self.jobs[item[0]][item[1]] = STAGING
+            for item in self._work_of(taken):
+                drive.work.append(item)
+                self.jobs[item[0]][item[1]] = STAGING
             self.mounts += 1
             if self.record:
                 self.mount_log.append((self.now, tape))
             self._robot(drive, FETCH)
+
+    def _work_of(self, taken):
+        """The items a drive reads, in its order, from the queued jobs `taken` for its tape:
+        this library follows the jobs and their file order (the broker's read order)."""
+        return [item for entry in taken for item in entry[4]]
 
     def _robot(self, drive, move):
         if self.robots_busy < self.robots:
