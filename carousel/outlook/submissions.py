@@ -2,10 +2,11 @@
 yet, summarised over its files ("18 files wait for tape SIM021, planned on drive 2 after the
 current mount, about 14:05-14:20 UTC").
 
-The figures are grouped counts (carousel/domain/selectors/submissions.py). The submission's range
-is the model's own (`estimates.submission_estimate`, aggregated by job and tape); the "why not
-yet" lines ask the request model (carousel/outlook/estimates.py) about the first and the last
-file of the largest groups and combine those two ranges (`combine_ranges`)."""
+The figures are grouped counts (carousel/domain/selectors/submissions.py). The estimate is the
+request model's (carousel/outlook/estimates.py), asked for a few files of each group: the first
+and the last of the largest groups, and of each step the files that go first and last. This
+module only combines those ranges (`combine_ranges`): the earliest any of the rest may be back,
+the latest the last of them should be. One place to rewire when the model changes."""
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -45,10 +46,14 @@ def combine_ranges(spans, *, now):
 
 
 def _sample_ids(fig):
-    """Request ids to ask the model about for the "why not yet" lines: the first and last file
-    of the largest groups."""
+    """Request ids to ask the model about: the first and last file of the largest groups, and of
+    each step the groups holding its first and its last file."""
     located = [g for g in fig.active if g.first_id is not None]
-    return {i for g in located[:GROUPS_SHOWN] for i in (g.first_id, g.last_id)}
+    chosen = located[:GROUPS_SHOWN]
+    for step in {g.step for g in located}:
+        of_step = [g for g in located if g.step == step]
+        chosen += [min(of_step, key=lambda g: g.first_id), max(of_step, key=lambda g: g.last_id)]
+    return {i for g in chosen for i in (g.first_id, g.last_id)}
 
 
 def submission_summaries(bulks, *, user, now, ctx=None):
@@ -60,10 +65,8 @@ def submission_summaries(bulks, *, user, now, ctx=None):
     for fig in figures.values():
         wanted |= _sample_ids(fig)
     outlooks = {}
-    # One projection of the mount plan for the page: every range on it is read against it.
-    projection = estimates.project(now=now)
     if wanted:
-        ctx = ctx or estimates.queue_context(user=user, now=now, projection=projection)
+        ctx = ctx or estimates.queue_context(user=user, now=now)
         rows = list(RestoreRequest.objects.filter(id__in=wanted, user=user).select_related("tape"))
         outlooks = estimates.request_outlooks(rows, user=user, ctx=ctx)
     out = {}
@@ -74,8 +77,8 @@ def submission_summaries(bulks, *, user, now, ctx=None):
             estimate = (fig.first_done_at, fig.last_done_at) if fig.first_done_at else None
             out[bulk.pk] = SubmissionSummary(figures=fig, files=bulk.files, finished=True, estimate=estimate, why=())
             continue
-        model = estimates.submission_estimate(bulk=bulk, now=now, projection=projection)
-        estimate = None if model.earliest is None else (model.earliest, model.latest)
+        spans = {i: outlooks[i].eta for i in _sample_ids(fig) if i in outlooks}
+        estimate = combine_ranges(spans.values(), now=now)
         out[bulk.pk] = SubmissionSummary(figures=fig, files=bulk.files, finished=False, estimate=estimate,
                                          why=_why(fig, outlooks, now))
     return out
