@@ -80,6 +80,15 @@ def operator(db):
 
 
 @pytest.fixture
+def as_staff(client, operator):
+    """The admin's pages as the operator with every power (a superuser)."""
+    operator.is_superuser = True
+    operator.save()
+    client.force_login(operator)
+    return client
+
+
+@pytest.fixture
 def staffer(db):
     """A staff account holding no permission at all: it may log in to the admin, nothing more."""
     return make_user("staffer", "production", staff=True)

@@ -109,14 +109,6 @@ def test_the_tape_rest_door_reads_the_activity_from_this_sites_metadata(as_alice
 
 # The admin --------------------------------------------------------------------------------------
 
-@pytest.fixture
-def as_staff(client, operator):
-    operator.is_superuser = True
-    operator.save()
-    client.force_login(operator)
-    return client
-
-
 def test_the_operator_edits_the_activity_table_in_the_admin(as_staff, analysis):
     assert as_staff.get("/admin/carousel/activity/").status_code == 200
     r = as_staff.post("/admin/carousel/activity/add/", {"group": analysis.id, "name": "Express", "priority": 2,

@@ -4,14 +4,6 @@ from carousel.models import Control, RestoreRequest
 from carousel.domain.services import restore_submit
 
 
-@pytest.fixture
-def as_staff(client, operator):
-    operator.is_superuser = True
-    operator.save()
-    client.force_login(operator)
-    return client
-
-
 @pytest.mark.parametrize("url", [
     "/admin/", "/admin/carousel/restorerequest/", "/admin/carousel/control/", "/admin/carousel/tape/",
     "/admin/carousel/transition/", "/admin/carousel/job/", "/admin/carousel/bulk/", "/admin/auth/user/",
