@@ -87,7 +87,13 @@ def client_venv():
 
 
 @pytest.fixture
-def carousel(live_server, open_dir, settings):
+def library_speedup():
+    """How many times faster than life the simulated library runs (a module overrides it)."""
+    return 2000
+
+
+@pytest.fixture
+def carousel(live_server, open_dir, settings, library_speedup):
     from carousel.models import Control
 
     tmp_path = open_dir
@@ -96,7 +102,7 @@ def carousel(live_server, open_dir, settings):
     archive, disk = tmp_path / "archive", tmp_path / "disk"
     archive.mkdir()
     disk.mkdir()
-    options = {"speedup": 2000, "archive_dir": str(archive), "disk_dir": str(disk),
+    options = {"speedup": library_speedup, "archive_dir": str(archive), "disk_dir": str(disk),
                "state_file": str(tmp_path / "library.json")}
     # The live server runs in this process: its withdrawals reach the same library.
     settings.CAROUSEL_STAGER = "simulated"
