@@ -1,0 +1,17 @@
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    """A file's live pins by its key (issue 23, files already on disk are not read again)."""
+
+    dependencies = [
+        ('carousel', '0012_mount_wear'),
+    ]
+
+    operations = [
+        migrations.AddIndex(
+            model_name='restorerequest',
+            index=models.Index(condition=models.Q(('pin_until__isnull', False)), fields=['path_key'],
+                               name='request_pinned_path'),
+        ),
+    ]
