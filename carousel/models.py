@@ -775,7 +775,7 @@ class RestoreRequest(models.Model):
             models.Index(fields=["pin_until"], name="request_pin_due", condition=Q(pin_until__isnull=False)),
             # A file's live pins (a new request is served from a pinned copy; a release asks
             # whether another pin holds the copy). Partial: only done requests with a pin.
-            models.Index(fields=["path_key"], name="request_pinned_path", condition=Q(pin_until__isnull=False)),
+            models.Index(fields=["path_key", "pin_until"], name="request_pinned_path", condition=Q(pin_until__isnull=False)),
             models.Index(fields=["delivery_fs", "delivery_started_at"], name="request_delivering",
                          condition=Q(state=S.DELIVERING)),
             models.Index(fields=["created_at"], name="request_unlocated",

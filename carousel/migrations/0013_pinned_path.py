@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddIndex(
             model_name='restorerequest',
-            index=models.Index(condition=models.Q(('pin_until__isnull', False)), fields=['path_key'],
+            index=models.Index(condition=models.Q(('pin_until__isnull', False)), fields=['path_key', 'pin_until'],
                                name='request_pinned_path'),
         ),
     ]
