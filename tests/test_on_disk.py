@@ -88,7 +88,7 @@ def test_bob_gets_a_file_alice_pins_at_once_through_the_native_api(alices, bob, 
     detail = as_bob.get(f"/api/v1/requests/{mine.pk}/").json()
     assert detail["state"] == "done" and detail["disk_path"] == alices.staged_path
     assert before + 2 * HOUR <= mine.pin_until <= timezone.now() + 2 * HOUR  # a pin of its own
-    assert mine.job_id == alices.job_id and mine.finished_at is not None
+    assert mine.job_id is None and mine.copy_job == alices.job_id and mine.finished_at is not None
     assert unchanged(alices)
     assert no_tape_read_after(stager, timezone.now() + timedelta(seconds=5))
 
@@ -166,7 +166,7 @@ def test_a_big_submission_is_served_from_the_pinned_copy_in_the_intakes_move(ali
     states = dict(RestoreRequest.objects.filter(user=bob).values_list("path", "state"))
     assert states == {**{p: S.QUEUED for p in paths[:4]}, PATH: S.DONE}
     mine = RestoreRequest.objects.get(user=bob, path=PATH)
-    assert mine.staged_path == alices.staged_path and mine.job_id == alices.job_id and mine.pin_until
+    assert mine.staged_path == alices.staged_path and mine.copy_job == alices.job_id and mine.pin_until
     assert mine.size == alices.size and unchanged(alices)
     counters_scenario.check("the intake's move", (bob,))
 
@@ -203,3 +203,19 @@ def test_a_file_the_tape_rest_stager_says_is_on_disk_is_done_without_a_stage_req
             assert online.job_id is None and online.pin_until is not None and online.tape_id is not None
         finally:
             stager.close()
+
+
+def test_a_copy_served_on_from_a_served_request_keeps_naming_the_stage_that_made_it(alices, alice, bob, charlie,
+                                                                                     stager):
+    from carousel.domain.pins import release_pins
+
+    now = timezone.now()
+    restore_submit(user=bob, paths=[PATH], now=now, pin_lifetime=HOUR)
+    assert release_pins(user=alice, paths=[PATH], now=now) == 1
+    restore_submit(user=charlie, paths=[PATH], now=now, pin_lifetime=HOUR)
+    charlies = RestoreRequest.objects.get(user=charlie)
+    assert charlies.state == S.DONE and charlies.copy_job == alices.job_id and charlies.job_id is None
+    release_pins(user=bob, paths=[PATH], now=now)
+    release_pins(user=charlie, paths=[PATH], now=now)
+    run_cycle(now=now + timedelta(seconds=5), stager=stager)
+    assert stager.released == [(f"im-{alices.job_id}", [PATH])] and stager.staged == [PATH]

@@ -40,7 +40,7 @@ COLUMNS = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "ac
            "deadline", "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
            "created_at", "updated_at", "submitted_at", "started_at",
            # A file already on disk (ondisk.py): the pinned copy's place, and the request done or delivering.
-           "size", "tape_id", "position", "finished_at", "pin_until", "staged_path", "delivery_fs")
+           "size", "tape_id", "position", "finished_at", "pin_until", "staged_path", "delivery_fs", "copy_job")
 
 
 _direct = contextvars.ContextVar("carousel_intake_direct", default=False)
@@ -82,8 +82,8 @@ def queue_new(bulk, pairs, shared, now):
             job_id, staged_path, size, tape_id, position = copy
             if disk_state == RequestState.DELIVERING:
                 staged_path = staged_path or path  # the copy lies at the file's own path
-            return (*common, path, key, *options, disk_state, 0, "", "", job_id, 0, bulk.created_at, now,
-                    None, None, size, tape_id, position, finished, pin_until, staged_path, disk_fs)
+            return (*common, path, key, *options, disk_state, 0, "", "", None, 0, bulk.created_at, now,
+                    None, None, size, tape_id, position, finished, pin_until, staged_path, disk_fs, job_id)
         joined = shared.get(key)
         if joined:
             state, job_id, job_rank, submitted_at, started_at = joined
@@ -97,7 +97,7 @@ def queue_new(bulk, pairs, shared, now):
     return len(pinned)
 
 
-_NOT_ON_DISK = (None, None, None, None, None, "", "")
+_NOT_ON_DISK = (None, None, None, None, None, "", "", None)
 
 
 def _from_disk(bulk, now):
@@ -157,14 +157,14 @@ _QUEUE_REST = f"""
            COALESCE(b.destination, ''),
            b.destination_layout, b.deadline, b.pin_lifetime,
            CASE WHEN p.id IS NOT NULL THEN %s WHEN {_STAGED} THEN f.state ELSE '{RequestState.QUEUED}' END, 0, '', '',
-           CASE WHEN p.id IS NOT NULL THEN p.job_id WHEN {_STAGED} THEN f.job_id END,
+           CASE WHEN {_JOINED} THEN f.job_id END,
            CASE WHEN {_JOINED} THEN f.job_rank ELSE 0 END,
            b.created_at, %s, CASE WHEN {_JOINED} THEN f.submitted_at END, CASE WHEN {_JOINED} THEN f.started_at END,
            p.size, p.tape_id, p.position,
            CASE WHEN p.id IS NOT NULL AND %s THEN %s END, CASE WHEN p.id IS NOT NULL AND %s THEN %s END,
            CASE WHEN p.id IS NULL THEN '' WHEN %s THEN COALESCE(NULLIF(p.staged_path, ''), i.path)
                 ELSE p.staged_path END,
-           CASE WHEN p.id IS NOT NULL THEN %s ELSE '' END
+           CASE WHEN p.id IS NOT NULL THEN %s ELSE '' END, COALESCE(p.job_id, p.copy_job)
     FROM {Intake._meta.db_table} i
     JOIN {Bulk._meta.db_table} b ON b.id = i.bulk_id
     LEFT JOIN {REQUESTS} p ON p.id = (

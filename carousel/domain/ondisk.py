@@ -4,8 +4,8 @@ A new request for a file whose restored copy another request still pins (done, i
 not passed) is answered by the submission itself: done at once with that copy's disk path, or,
 when its submission names a destination and the delivery step moves files, handed to the normal
 delivery step (delivering, from that copy). It holds a pin of its own (its own pin_lifetime,
-from now) and carries the pinning request's job, so that whichever pin ends last has the
-stager release the copy (carousel/domain/pins.py: a release waits while any pin on the file
+from now) and names the job whose stage made the copy (copy_job; it is in no job itself), so
+that whichever pin ends last has the stager release the copy (carousel/domain/pins.py: a release waits while any pin on the file
 lives). The pinning request is read, never changed: it is locked FOR SHARE for the rest of the
 submission's transaction, so a release of it either commits first (and the file is read again)
 or sees the new request (and keeps the copy).
@@ -37,14 +37,14 @@ def arrival(destination, delivery=None):
 
 
 def pinned_copies(keys, *, now):
-    """{path_key hex: (job id, staged path, size, tape id, position)} of the files of `keys`
+    """{path_key hex: (the copy's job id, staged path, size, tape id, position)} of the files of `keys`
     (hex digests) whose restored copy a request still pins; the one pinned longest where
     several are. The pinning requests are locked FOR SHARE until the caller's transaction ends
     (see above). One statement, by the index request_pinned_path."""
     keys = list(keys)
     if not keys:
         return {}
-    columns = "path_key, pin_until, job_id, staged_path, size, tape_id, position"
+    columns = "path_key, pin_until, COALESCE(job_id, copy_job), staged_path, size, tape_id, position"
     live = f"state = '{S.DONE}' AND pin_until > %s"  # the model's own constant, not input
     if db.is_postgres():
         # In id order, as pins._end_pins locks them: two lockers of the same rows never deadlock.

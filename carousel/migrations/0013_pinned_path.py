@@ -9,6 +9,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name='restorerequest',
+            name='copy_job',
+            field=models.UUIDField(blank=True, help_text='The job whose restored copy this request was served from (a file already on disk).', null=True),
+        ),
         migrations.AddIndex(
             model_name='restorerequest',
             index=models.Index(condition=models.Q(('pin_until__isnull', False)), fields=['path_key', 'pin_until'],
