@@ -146,9 +146,10 @@ _LIST_OWN = f"""
 # already staging joins that stage (its state, job, rank and times), rather than reading the tape
 # again. In the submission's order. (f: the file's active request found first in flight, by its
 # id; the states are tested in the columns, not in the look-up: a condition on the in-flight
-# states there lets the planner walk every request in flight for each file.) The parameters: the
-# pinned copy's cut-off (now), the state of a file served from disk, now, the flag and time of
-# finished_at, of pin_until, whether it is delivered, its file system, the submission.
+# states there lets the planner walk every request in flight for each file.) The parameters, in
+# order (queue_rest): the state of a file served from disk, now (updated_at), the flag and time
+# of its finished_at, of its pin_until, whether it is delivered, its file system, the pins'
+# cut-off (now), the submission.
 _STAGED = f"f.state IN ({_states(IN_FLIGHT_STATES)})"
 _JOINED = f"p.id IS NULL AND {_STAGED}"
 _QUEUE_REST = f"""
