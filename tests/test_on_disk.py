@@ -219,3 +219,18 @@ def test_a_copy_served_on_from_a_served_request_keeps_naming_the_stage_that_made
     release_pins(user=charlie, paths=[PATH], now=now)
     run_cycle(now=now + timedelta(seconds=5), stager=stager)
     assert stager.released == [(f"im-{alices.job_id}", [PATH])] and stager.staged == [PATH]
+
+
+def test_a_big_submission_with_a_destination_hands_the_pinned_copy_to_the_delivery_step(
+        alices, bob, settings, tmp_path):
+    settings.CAROUSEL_DESTINATION_ROOTS = [str(tmp_path)]
+    settings.CAROUSEL_DELIVERY = "copy"
+    paths = [f"/star/raw/c{i}.daq" for i in range(3)] + [PATH]
+    with override_settings(CAROUSEL_INTAKE_ABOVE=2):
+        result = restore_submit(user=bob, paths=paths, now=timezone.now(), destination=str(tmp_path / "bob"),
+                                pin_lifetime=HOUR)
+    intake.settle(result.bulk.pk, now=timezone.now())
+    mine = RestoreRequest.objects.get(user=bob, path=PATH)
+    assert mine.state == S.DELIVERING and mine.staged_path == alices.staged_path and mine.delivery_fs.startswith("dev:")
+    assert mine.pin_until is None and mine.finished_at is None and mine.copy_job == alices.job_id
+    assert set(RestoreRequest.objects.filter(user=bob).exclude(path=PATH).values_list("state", flat=True)) == {S.QUEUED}
