@@ -160,7 +160,7 @@ def bare_rows(user_id, paths):
     columns = [f.column for f in RestoreRequest._meta.concrete_fields if not f.primary_key]
     values = {"user_id": user_id, "state": "queued", "created_at": now, "updated_at": now, "priority": 0,
               "destination": "", "destination_layout": "path", "attempts": 0, "error_class": "", "last_error": "", "job_rank": 0,
-              "staged_path": "", "delivery_fs": "", "delivery_attempts": 0}
+              "staged_path": "", "delivery_fs": "", "delivery_attempts": 0, "activity": "default"}
     rows = [tuple(values.get(c, (p if c == "path" else path_key(p) if c == "path_key" else None)) for c in columns)
             for p in paths]
     return columns, rows

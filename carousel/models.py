@@ -712,6 +712,11 @@ class RestoreRequest(models.Model):
     error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True, default="")
     last_error = models.TextField(blank=True)
     job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests")
+    # A request served from another request's pinned copy (carousel/domain/ondisk.py) is in no
+    # job: this names the job whose stage made the copy, so whichever pin ends last has the
+    # stager release it (pins.py). Not a foreign key: retention prunes jobs freely.
+    copy_job = models.UUIDField(null=True, blank=True, help_text="The job whose restored copy this request was "
+                                                                 "served from (a file already on disk).")
     # The file's place in its job: the read order the sorting policy chose, which the stager
     # must receive as it is (db_default: submission's COPY does not name it).
     job_rank = models.PositiveIntegerField(db_default=0)
@@ -773,6 +778,10 @@ class RestoreRequest(models.Model):
             # Retention prunes finished requests oldest first, a batch at a time.
             models.Index(fields=["finished_at"], name="request_finished", condition=Q(state__in=TERMINAL_STATES)),
             models.Index(fields=["pin_until"], name="request_pin_due", condition=Q(pin_until__isnull=False)),
+            # A file's live pins (a new request is served from a pinned copy; a release asks
+            # whether another pin holds the copy). Partial: only done requests with a pin.
+            models.Index(fields=["path_key", "pin_until"], name="request_pinned_path",
+                         condition=Q(pin_until__isnull=False)),
             models.Index(fields=["delivery_fs", "delivery_started_at"], name="request_delivering",
                          condition=Q(state=S.DELIVERING)),
             models.Index(fields=["created_at"], name="request_unlocated",

@@ -9,7 +9,9 @@ from django.contrib.auth.models import User
 from django.db.models import Count, Min, Sum
 from django.db.models.functions import Coalesce
 
-from carousel.domain import selectors
+from django.test import override_settings
+
+from carousel.domain import intake, selectors
 from carousel.domain import services
 from carousel.loop.cycle import run_cycle
 from carousel.models import ACTIVE_STATES, RequestState, RestoreRequest, UserStateCount
@@ -65,6 +67,17 @@ def run(now):
     run_cycle(now=now + timedelta(seconds=22), stager=stager)
     rows = check("cycles that finish", users)
     assert rows.get((alice.id, "done")), "alice's files should be done"
+    services.restore_submit(user=alice, paths=["/c/p1", "/c/p2"], now=now + timedelta(seconds=23),
+                            pin_lifetime=timedelta(hours=1))
+    run_cycle(now=now + timedelta(seconds=24), stager=stager)
+    run_cycle(now=now + timedelta(seconds=26), stager=stager)
+    services.restore_submit(user=bob, paths=["/c/p1"], now=now + timedelta(seconds=27))
+    check("a submission served from a pinned copy", users)
+    with override_settings(CAROUSEL_INTAKE_ABOVE=0):
+        big = services.restore_submit(user=bob, paths=["/c/p2", "/c/q"], now=now + timedelta(seconds=28))
+    intake.settle(big.bulk.pk, now=now + timedelta(seconds=28))
+    check("an intake's move served from a pinned copy", users)
+    assert RestoreRequest.objects.filter(user=bob, path__in=["/c/p1", "/c/p2"], state="done").count() == 2
     services.restore_submit(user=alice, paths=["/c/e", "/c/f", "/c/g"], now=now + timedelta(seconds=30))
     services.request_cancel(queryset=RestoreRequest.objects.filter(user=alice, path="/c/e"),
                             now=now + timedelta(seconds=31))

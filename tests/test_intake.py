@@ -250,7 +250,8 @@ def test_the_move_probes_the_request_table_by_index_even_with_stale_statistics(s
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE carousel_restorerequest")
         with infra_db.index_probes():
-            cursor.execute("EXPLAIN " + intake._QUEUE_REST, [now, big.bulk.pk])
+            sql, params = intake.queue_rest(big.bulk, now)
+            cursor.execute("EXPLAIN " + sql, params)
             plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Seq Scan on carousel_restorerequest" not in plan and "Hash" not in plan, plan
     assert "request_in_flight" not in plan, plan  # every request in flight walked for each file

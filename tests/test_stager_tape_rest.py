@@ -204,7 +204,7 @@ def test_it_locates(server, stager):
                     "/data/busy": "UNAVAILABLE", "/data/unknown": None}
     answer = stager.locate(["/data/a", "/data/b", "/data/lost", "/data/busy", "/data/unknown", "/data/nothing"])
     assert answer[:2] == [Location("/data/a", "rest:/data", 0, 0, tape_known=False),
-                          Location("/data/b", "rest:/data", 0, 0, tape_known=False)]
+                          Location("/data/b", "rest:/data", 0, 0, tape_known=False, on_disk=True)]
     assert [(type(a), getattr(a, "error_class", "")) for a in answer[2:]] == [
         (LocateError, "permanent"), (LocateError, "transient"), (Location, ""), (LocateError, "permanent")]
     assert "No such file" in answer[5].message

@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from carousel.domain import ondisk
 from carousel.infra import db, queue
 from carousel.models import (ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, BulkItem, Intake, PathSearch, RequestState,
                              RestoreRequest)
@@ -37,7 +38,9 @@ log = logging.getLogger(__name__)
 COLUMNS = ("user_id", "group_id", "bulk_id", "path", "path_key", "priority", "activity", "destination",
            "destination_layout",
            "deadline", "pin_lifetime", "state", "attempts", "error_class", "last_error", "job_id", "job_rank",
-           "created_at", "updated_at", "submitted_at", "started_at")
+           "created_at", "updated_at", "submitted_at", "started_at",
+           # A file already on disk (ondisk.py): the pinned copy's place, and the request done or delivering.
+           "size", "tape_id", "position", "finished_at", "pin_until", "staged_path", "delivery_fs", "copy_job")
 
 
 _direct = contextvars.ContextVar("carousel_intake_direct", default=False)
@@ -63,22 +66,47 @@ def goes_through(new_files):
 def queue_new(bulk, pairs, shared, now):
     """Store new requests of `bulk` for (path, path_key) pairs; `shared`: {path_key: (state,
     job, rank, submitted_at, started_at)} of those some user is already staging (a new request
-    joins that stage rather than reading the tape again). The direct path's writer; the move
-    from the intake writes the same rows in SQL (_QUEUE_REST)."""
+    joins that stage rather than reading the tape again). A file whose restored copy a request
+    still pins is not read again: its request is done, or delivering, at once (ondisk.py). The
+    direct path's writer; the move from the intake writes the same rows in SQL (_QUEUE_REST).
+    Returns how many were served from a copy on disk."""
     common = (bulk.user_id, bulk.group_id, bulk.id)
     options = (bulk.priority, bulk.resolved_activity, bulk.destination or "", bulk.destination_layout, bulk.deadline, bulk.pin_lifetime)
+    pinned = ondisk.pinned_copies([k for _, k in pairs], now=now)
+    if pinned:
+        disk_state, disk_fs, finished, pin_until = _from_disk(bulk, now)
 
     def row(path, key):
+        copy = pinned.get(key) if pinned else None
+        if copy:
+            job_id, staged_path, size, tape_id, position = copy
+            if disk_state == RequestState.DELIVERING:
+                staged_path = staged_path or path  # the copy lies at the file's own path
+            return (*common, path, key, *options, disk_state, 0, "", "", None, 0, bulk.created_at, now,
+                    None, None, size, tape_id, position, finished, pin_until, staged_path, disk_fs, job_id)
         joined = shared.get(key)
         if joined:
             state, job_id, job_rank, submitted_at, started_at = joined
             return (*common, path, key, *options, state, 0, "", "", job_id, job_rank, bulk.created_at, now,
-                    submitted_at, started_at)
+                    submitted_at, started_at, *_NOT_ON_DISK)
         return (*common, path, key, *options, RequestState.QUEUED, 0, "", "", None, 0, bulk.created_at, now,
-                None, None)
+                None, None, *_NOT_ON_DISK)
 
     # New requests carry their submission on the row (no ids needed back).
     db.insert_rows(RestoreRequest, COLUMNS, (row(p, k) for p, k in pairs), ids=False)
+    return len(pinned)
+
+
+_NOT_ON_DISK = (None, None, None, None, None, "", "", None)
+
+
+def _from_disk(bulk, now):
+    """(state, delivery file system, finished_at, pin_until) of `bulk`'s new requests served
+    from a copy already on disk: done with their own pin from now, or to the delivery step."""
+    state, fs = ondisk.arrival(bulk.destination)
+    done = state == RequestState.DONE
+    return (state, fs, now if done else None,
+            now + bulk.pin_lifetime if done and bulk.pin_lifetime is not None else None)
 
 
 def write(bulk, pairs):
@@ -112,22 +140,37 @@ _LIST_OWN = f"""
         FROM {Intake._meta.db_table} i WHERE i.bulk_id = %s) AS files
     WHERE own IS NOT NULL"""
 
-# The others become requests carrying the submission's options, as queue_new writes them; a file
-# some user is already staging joins that stage (its state, job, rank and times), rather than
-# reading the tape again. In the submission's order. (f: the file's active request found first
-# in flight, by its id; the states are tested in the columns, not in the look-up: a condition on
-# the in-flight states there lets the planner walk every request in flight for each file.)
+# The others become requests carrying the submission's options, as queue_new writes them. A file
+# whose restored copy a request still pins (p: the one pinned longest, locked FOR SHARE on
+# PostgreSQL, ondisk.py) is done or delivering at once from that copy; else a file some user is
+# already staging joins that stage (its state, job, rank and times), rather than reading the tape
+# again. In the submission's order. (f: the file's active request found first in flight, by its
+# id; the states are tested in the columns, not in the look-up: a condition on the in-flight
+# states there lets the planner walk every request in flight for each file.) The parameters, in
+# order (queue_rest): the state of a file served from disk, now (updated_at), the flag and time
+# of its finished_at, of its pin_until, whether it is delivered, its file system, the pins'
+# cut-off (now), the submission.
 _STAGED = f"f.state IN ({_states(IN_FLIGHT_STATES)})"
+_JOINED = f"p.id IS NULL AND {_STAGED}"
 _QUEUE_REST = f"""
     INSERT INTO {REQUESTS} ({", ".join(RestoreRequest._meta.get_field(c).column for c in COLUMNS)})
     SELECT b.user_id, b.group_id, b.id, i.path, i.path_key, b.priority, b.resolved_activity,
            COALESCE(b.destination, ''),
            b.destination_layout, b.deadline, b.pin_lifetime,
-           CASE WHEN {_STAGED} THEN f.state ELSE '{RequestState.QUEUED}' END, 0, '', '',
-           CASE WHEN {_STAGED} THEN f.job_id END, CASE WHEN {_STAGED} THEN f.job_rank ELSE 0 END,
-           b.created_at, %s, CASE WHEN {_STAGED} THEN f.submitted_at END, CASE WHEN {_STAGED} THEN f.started_at END
+           CASE WHEN p.id IS NOT NULL THEN %s WHEN {_STAGED} THEN f.state ELSE '{RequestState.QUEUED}' END, 0, '', '',
+           CASE WHEN {_JOINED} THEN f.job_id END,
+           CASE WHEN {_JOINED} THEN f.job_rank ELSE 0 END,
+           b.created_at, %s, CASE WHEN {_JOINED} THEN f.submitted_at END, CASE WHEN {_JOINED} THEN f.started_at END,
+           p.size, p.tape_id, p.position,
+           CASE WHEN p.id IS NOT NULL AND %s THEN %s END, CASE WHEN p.id IS NOT NULL AND %s THEN %s END,
+           CASE WHEN p.id IS NULL THEN '' WHEN %s THEN COALESCE(NULLIF(p.staged_path, ''), i.path)
+                ELSE p.staged_path END,
+           CASE WHEN p.id IS NOT NULL THEN %s ELSE '' END, COALESCE(p.job_id, p.copy_job)
     FROM {Intake._meta.db_table} i
     JOIN {Bulk._meta.db_table} b ON b.id = i.bulk_id
+    LEFT JOIN {REQUESTS} p ON p.id = (
+        SELECT c.id FROM {REQUESTS} c WHERE c.path_key = i.path_key AND c.state = '{RequestState.DONE}'
+        AND c.pin_until > %s ORDER BY c.pin_until DESC LIMIT 1 /*lock*/)
     LEFT JOIN {REQUESTS} f ON f.id = (
         SELECT s.id FROM {REQUESTS} s WHERE s.path_key = i.path_key AND s.state IN ({_states(ACTIVE_STATES)})
         ORDER BY s.state IN ({_states(IN_FLIGHT_STATES)}) DESC LIMIT 1)
@@ -135,6 +178,17 @@ _QUEUE_REST = f"""
         SELECT 1 FROM {REQUESTS} o
         WHERE o.path_key = i.path_key AND o.user_id = b.user_id AND o.state IN ({_states(ACTIVE_STATES)}))
     ORDER BY i.n"""
+
+
+def queue_rest(bulk, now):
+    """(_QUEUE_REST, its parameters) for moving `bulk`'s files."""
+    at = connection.ops.adapt_datetimefield_value(now)
+    state, fs, finished, pin_until = _from_disk(bulk, now)
+    # The pinned copies read are locked until the move commits (ondisk.py); SQLite has one writer.
+    sql = _QUEUE_REST.replace("/*lock*/", "FOR SHARE" if db.is_postgres() else "")
+    return sql, [state, at, finished is not None, at, pin_until is not None,
+                 connection.ops.adapt_datetimefield_value(pin_until or now), state == RequestState.DELIVERING, fs,
+                 at, Bulk._meta.pk.get_db_prep_value(bulk.id, connection)]
 
 
 def settle(bulk_id, *, now=None, wait=True):
@@ -154,7 +208,7 @@ def settle(bulk_id, *, now=None, wait=True):
             bulk_key = Bulk._meta.pk.get_db_prep_value(bulk.id, connection)  # SQLite keeps UUIDs as text
             cursor.execute(_LIST_OWN, [bulk.user_id, bulk_key])
             own = cursor.rowcount
-            cursor.execute(_QUEUE_REST, [connection.ops.adapt_datetimefield_value(now), bulk_key])
+            cursor.execute(*queue_rest(bulk, now))
         moved, _ = Intake.objects.filter(bulk_id=bulk.id).delete()
         Bulk.objects.filter(pk=bulk.id).update(pending=0, created=bulk.created - own)
     if own:

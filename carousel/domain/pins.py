@@ -4,10 +4,13 @@ is done (RestoreRequest.pin_until); when it runs out (the loop's end_expired_pin
 releases it (release_pins), the broker asks the stager to release() the copy, through a
 recorded stager call (carousel/loop/withdrawals.py), unless another request still wants the file:
 one active, or done with a pin still running. A request without a pin_lifetime holds no pin:
-the stager keeps or drops the copy by its own rules."""
+the stager keeps or drops the copy by its own rules. A request served from another's pinned
+copy (carousel/domain/ondisk.py) names that copy's job (copy_job) and holds a pin of its own:
+whichever pin ends last releases the copy."""
 
 from django.db import transaction
 from django.db.models import Q
+from django.db.models.functions import Coalesce
 
 from carousel.models import ACTIVE_STATES, RequestState as S, RestoreRequest, StagerCall
 from carousel.domain.services import stager_call_record
@@ -31,8 +34,9 @@ def end_expired_pins(*, now):
 
 def _end_pins(queryset, *, now):
     with transaction.atomic():
-        ended = list(queryset.filter(state=S.DONE, pin_until__isnull=False).select_for_update(of=("self",), no_key=True)
-                     .values_list("id", "path_key", "path", "job_id"))
+        # In id order, as a submission served from a pinned copy locks it (domain/ondisk.py): no deadlock.
+        ended = list(queryset.filter(state=S.DONE, pin_until__isnull=False).order_by("id")
+                     .select_for_update(of=("self",), no_key=True).values_list("id", "path_key", "path", Coalesce("job_id", "copy_job")))
         if not ended:
             return 0
         RestoreRequest.objects.filter(id__in=[i for i, *_ in ended]).update(pin_until=None)

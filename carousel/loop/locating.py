@@ -20,6 +20,7 @@ from carousel.models import (
     path_key,
 )
 from carousel.domain.services import request_transition
+from carousel.loop.progress import requests_on_disk
 from carousel.tape import BEYOND_TAPE_END
 
 UNLOCATED = Q(state=S.QUEUED, tape__isnull=True)
@@ -87,10 +88,12 @@ def locate_requests(*, now, stager, limit, control=None):
     keys = {k for _, _, k in batch}
     known = set(FileLocation.objects.filter(path_key__in=keys).values_list("path_key", flat=True))
     unknown = sorted({p for _, p, k in batch if k not in known})
+    on_disk = {}
     if unknown:
         answers = stager.locate(unknown)
         found = [a for a in answers if hasattr(a, "tape")]
         record_locations(found, now=now)
+        on_disk = {a.path: a.disk_path for a in found if a.on_disk}
         unsure = {p: "the stager gave no answer for this path" for p in unknown}
         for a in answers:
             unsure.pop(a.path, None)
@@ -104,12 +107,17 @@ def locate_requests(*, now, stager, limit, control=None):
         if unsure:
             _ask_again_later(unsure, now=now, control=control)
     location = FileLocation.objects.filter(path_key=OuterRef("path_key"))
-    return RestoreRequest.objects.filter(id__in=[i for i, _, _ in batch], state=S.QUEUED, tape__isnull=True).filter(
+    located = RestoreRequest.objects.filter(id__in=[i for i, _, _ in batch], state=S.QUEUED, tape__isnull=True).filter(
         Exists(location)).update(
         tape_id=Subquery(location.values("tape_id")[:1]),
         position=Subquery(location.values("position")[:1]),
         size=Subquery(location.values("size")[:1]),
     )
+    if on_disk:
+        # On the stager's disk already: done (or to delivery) now, no tape job (domain/ondisk.py).
+        requests_on_disk(RestoreRequest.objects.filter(id__in=[i for i, p, _ in batch if p in on_disk],
+                                                       state=S.QUEUED), on_disk, now=now)
+    return located
 
 
 def _ask_again_later(unsure, *, now, control):

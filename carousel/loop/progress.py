@@ -12,6 +12,7 @@ from carousel.models import (
     ACTIVE_STATES, FINISHED_JOB_STATES, IN_FLIGHT_STATES, ErrorClass, Job, JobState, RequestState as S,
     RestoreRequest, StagerHealth, Tape,
 )
+from carousel.domain import ondisk
 from carousel.domain.services import request_transition
 from carousel.stagers.base import JobSpec, StagerUnavailable
 
@@ -165,31 +166,36 @@ def _staged(in_job, statuses, *, now):
     if not rows:
         return 0
     keys = [k for _, k in rows]
+    n = requests_on_disk(RestoreRequest.objects.filter(path_key__in=keys), disk_path, now=now)
+    Tape.objects.filter(requests__path_key__in=keys, recent_failures__gt=0).update(recent_failures=0)
+    return n
+
+
+def requests_on_disk(requests, disk_path, *, now):
+    """The active requests of `requests` whose files are on the stager's disk ({path: where,
+    "" when at its own path}) move on: to the delivery step when they name a destination and the
+    delivery moves files (ondisk.arrival), else done, with where the copy lies (API: disk_path).
+    A finished stage (above), or a file the stager says is on disk already (the locate step)."""
     delivery = plugins.delivery()
     n = 0
+    requests = requests.filter(state__in=ACTIVE_STATES)
     if delivery.moves_files:
-        to_deliver = RestoreRequest.objects.filter(path_key__in=keys, state__in=ACTIVE_STATES).exclude(
-            state=S.DELIVERING).exclude(destination="")
+        to_deliver = requests.exclude(state=S.DELIVERING).exclude(destination="")
         by_fs = {}
         for rid, path, destination in to_deliver.values_list("id", "path", "destination"):
-            try:
-                fs = delivery.filesystem(destination)
-            except OSError:
-                fs = "?"
+            _, fs = ondisk.arrival(destination, delivery)
             by_fs.setdefault(fs, []).append((rid, path))
         for fs, members in by_fs.items():
             staged = Case(*[When(path=p, then=Value(disk_path.get(p) or p)) for p in {p for _, p in members}])
             n += request_transition(RestoreRequest.objects.filter(id__in=[r for r, _ in members]), S.DELIVERING,
                                     now=now, delivery_fs=fs, staged_path=staged, delivery_started_at=None)
-        keys_left = RestoreRequest.objects.filter(path_key__in=keys, destination="")
+        keys_left = requests.filter(destination="")
     else:
-        keys_left = RestoreRequest.objects.filter(path_key__in=keys)
-    # Where the copy lies, for those who read it from the stager's disk (API: disk_path).
+        keys_left = requests
     on_disk = {p: d for p, d in disk_path.items() if d}
     staged = {}
     if on_disk:
         staged["staged_path"] = Case(*[When(path=p, then=Value(d)) for p, d in on_disk.items()],
                                      default=F("staged_path"), output_field=TextField())
     n += request_transition(keys_left.exclude(state=S.DELIVERING), S.DONE, now=now, **staged)
-    Tape.objects.filter(requests__path_key__in=keys, recent_failures__gt=0).update(recent_failures=0)
     return n

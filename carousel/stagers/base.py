@@ -21,6 +21,11 @@ class Location:
     # a stand-in (directory_tape_label) and the locating step looks the file up in the site's
     # tape map (carousel/loop/locating.py) before it falls back to the stand-in.
     tape_known: bool = True
+    # True when the backend says the file is on its disk now (Tape REST archiveinfo's DISK or
+    # DISK_AND_TAPE): its queued requests are completed by the locate step without a tape job
+    # (carousel/domain/ondisk.py); `disk_path` where it lies, "" at its own path.
+    on_disk: bool = False
+    disk_path: str = ""
 
 
 def directory_tape_label(path):

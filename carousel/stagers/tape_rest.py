@@ -24,6 +24,7 @@ log = logging.getLogger("carousel.stagers.tape_rest")
 
 DISCOVERY_PATH = "/.well-known/wlcg-tape-rest-api"
 LOCATABLE = {"TAPE", "DISK_AND_TAPE", "DISK", "NONE"}  # NONE is an empty file: nothing to read
+ON_DISK = {"DISK", "DISK_AND_TAPE"}  # online now: no stage request is sent (carousel/domain/ondisk.py)
 FILE_STATES = {"SUBMITTED": "queued", "STARTED": "staging", "COMPLETED": "done"}
 # A wrong "permanent" fails a user's request at once, so only what says the file is gone;
 # "connection lost" is a network hiccup, not a lost file.
@@ -149,7 +150,7 @@ class TapeRestStager(Stager):
         # Without a tape of the server's, the site's tape map may know it (carousel/loop/locating.py).
         tape = self._tape_label(entry)
         return Location(path=path, tape=tape or synthetic_tape_label(path), position=0, size=0,
-                        tape_known=bool(tape))
+                        tape_known=bool(tape), on_disk=locality in ON_DISK)
 
     def _tape_label(self, entry):
         """The tape a server names, if any does (no v1 server is required to), else ""."""
