@@ -2,14 +2,18 @@
 restored copy another user's request still pins is answered at once through either door (the
 native API, the Tape REST door), with its own pin, and the copy stays while any pin on it lives;
 a file the stager says is on its disk is completed without a stage request."""
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection, connections, transaction
 from django.forms.models import model_to_dict
 from django.test import override_settings
 from django.utils import timezone
 
 from carousel.domain import intake
+from carousel.infra import queue
 from carousel.domain.services import restore_submit
 from carousel.loop.cycle import run_cycle
 from carousel.models import Bulk, Job, RequestState as S, RestoreRequest
@@ -234,3 +238,55 @@ def test_a_big_submission_with_a_destination_hands_the_pinned_copy_to_the_delive
     assert mine.state == S.DELIVERING and mine.staged_path == alices.staged_path and mine.delivery_fs.startswith("dev:")
     assert mine.pin_until is None and mine.finished_at is None and mine.copy_job == alices.job_id
     assert set(RestoreRequest.objects.filter(user=bob).exclude(path=PATH).values_list("state", flat=True)) == {S.QUEUED}
+
+
+def _a_backend_of_this_database_waits_for_a_lock():
+    with connection.cursor() as cursor:
+        for _ in range(200):
+            # Within a transaction the statistics views are read once and kept: read them anew.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()")
+            if cursor.fetchone()[0]:
+                return True
+            time.sleep(0.05)
+    return False
+
+
+def test_a_move_and_a_release_sharing_pinned_copies_take_them_in_one_order(transactional_db, alice, bob, stager,
+                                                                         monkeypatch):
+    """A release locks the pins it ends in id order (pins._end_pins); the intake's move must
+    take the pinned copies it serves from in that order too, whatever the submission's order:
+    else each holds one the other waits for, and PostgreSQL aborts one of them (a deadlock)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("two real connections to PostgreSQL")
+    now = timezone.now()
+    paths = ["/star/raw/first.daq", "/star/raw/second.daq"]
+    restore_submit(user=alice, paths=paths, now=now, pin_lifetime=HOUR)
+    run_cycle(now=now, stager=stager)
+    run_cycle(now=now + timedelta(seconds=1), stager=stager)
+    low, high = RestoreRequest.objects.filter(user=alice, state=S.DONE).order_by("id").values_list("id", flat=True)
+    monkeypatch.setattr(queue, "send_on_commit", lambda *args, **kwargs: None)  # the move: this test's
+    with override_settings(CAROUSEL_INTAKE_ABOVE=1):  # the copies in the reverse of their ids' order
+        bulk = restore_submit(user=bob, paths=paths[::-1], now=now, pin_lifetime=HOUR).bulk
+    assert Bulk.objects.get(pk=bulk.pk).pending == 2
+    errors = []
+
+    def move():
+        try:
+            intake.settle(bulk.pk, now=timezone.now())
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    mover = threading.Thread(target=move)
+    with transaction.atomic():  # a release half way: it holds the first pin, in id order
+        list(RestoreRequest.objects.filter(id=low).select_for_update(no_key=True))
+        mover.start()
+        assert _a_backend_of_this_database_waits_for_a_lock()
+        # Its next lock, the pin after it: the move, waiting for the first, holds none yet.
+        list(RestoreRequest.objects.filter(id=high).select_for_update(no_key=True, nowait=True))
+    mover.join(10)
+    assert not errors and not mover.is_alive()
+    assert set(RestoreRequest.objects.filter(user=bob).values_list("state", flat=True)) == {S.DONE}

@@ -180,6 +180,16 @@ _QUEUE_REST = f"""
     ORDER BY i.n"""
 
 
+# Before the move, on PostgreSQL: the pinned copies of the submission's files locked FOR SHARE in
+# id order, as pins._end_pins locks the pins it ends, so that a release and a move sharing
+# several copies take them in one order and never deadlock (the move's own look-up locks them in
+# the submission's order, once they are held already). By the index request_pinned_path.
+_LOCK_PINNED = f"""
+    SELECT c.id FROM {REQUESTS} c JOIN {Intake._meta.db_table} i ON c.path_key = i.path_key
+    WHERE i.bulk_id = %s AND c.state = '{RequestState.DONE}' AND c.pin_until > %s
+    ORDER BY c.id FOR SHARE OF c"""
+
+
 def queue_rest(bulk, now):
     """(_QUEUE_REST, its parameters) for moving `bulk`'s files."""
     at = connection.ops.adapt_datetimefield_value(now)
@@ -208,6 +218,8 @@ def settle(bulk_id, *, now=None, wait=True):
             bulk_key = Bulk._meta.pk.get_db_prep_value(bulk.id, connection)  # SQLite keeps UUIDs as text
             cursor.execute(_LIST_OWN, [bulk.user_id, bulk_key])
             own = cursor.rowcount
+            if db.is_postgres():
+                cursor.execute(_LOCK_PINNED, [bulk_key, connection.ops.adapt_datetimefield_value(now)])
             cursor.execute(*queue_rest(bulk, now))
         moved, _ = Intake.objects.filter(bulk_id=bulk.id).delete()
         Bulk.objects.filter(pk=bulk.id).update(pending=0, created=bulk.created - own)
