@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from carousel.models import Control, RestoreRequest
+from carousel.ops import usage
 
+from .test_shares import today  # noqa: F401 - today's mounts, shared between alice and charlie
 from .test_worker import worker  # noqa: F401 - the same real worker, with beat inside
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -137,6 +139,32 @@ def test_an_operator_changes_the_sharing_policy_and_the_live_page_follows(open_p
     # No reload: the fragment, polled every few seconds, brings the new policy.
     live.get_by_test_id("share-policy").filter(has_text="EQUAL").wait_for()
     shot(live, "live-operator")
+
+
+def test_an_operator_sees_the_same_share_on_the_live_page_and_the_usage_report(open_page, today, operator):
+    """One share (carousel/outlook/shares.py): the live page and the usage report, for today so
+    far, give each user the same share of drive time, with the same period named beside it."""
+    day = f"{usage.day_floor(today):%Y-%m-%d}"
+    period = f"today ({day} UTC, so far)"
+    page = open_page()
+    log_in(page, "operator")
+    nav(page, "Live staging")
+    users = page.get_by_role("table").filter(has=page.get_by_role("columnheader", name="User", exact=True))
+    users.get_by_role("columnheader", name=f"Share of drive time, {period}").wait_for()
+    on_live = {name: users.get_by_role("row").filter(has_text=name).get_by_test_id("user-share").inner_text()
+               for name in ("alice", "charlie")}
+    shot(page, "live-shares")
+
+    nav(page, "Usage")
+    page.get_by_label("From (UTC day)").fill(day)
+    page.get_by_label("To (UTC day, included)").fill(day)
+    page.get_by_role("button", name="Show").click()
+    page.get_by_role("columnheader", name=f"Share of drive time, {period}").wait_for()
+    in_report = {name: page.get_by_role("row").filter(has=page.get_by_role("rowheader", name=name, exact=True))
+                 .get_by_test_id("usage-share").inner_text() for name in ("alice", "charlie")}
+    shot(page, "usage-shares")
+    # alice: 3/4 of the one finished mount; charlie: the rest of it and the mount on a drive now.
+    assert on_live == in_report == {"alice": "45%", "charlie": "55%"}
 
 
 def test_the_pages_read_well_on_a_phone(open_page, alice, now):
