@@ -12,8 +12,10 @@ Which function gives what:
 """
 import heapq
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import Group
@@ -29,7 +31,8 @@ from carousel.models import (
     TapeBacklog, Transition,
 )
 from carousel.outlook.shares import caps_and_weights, drive_time_shares, throughput_shares
-from carousel.tape import MEDIA, mount_estimate_s, mount_lead_tail_s
+from carousel.tape import MB, MEDIA, mount_lead_tail_s, mount_profile
+from policies.order import read_order
 from policies.selection import held_drive_time, params_from, share_policy
 from policies.sharing import GroupLimit, UserDemand
 from policies.sorting import TapeInfo, worth_mounting
@@ -223,8 +226,8 @@ def project(*, now, control=None, health=None):
     limits = {g: GroupLimit(weight=w, room=cap) for g, (w, cap) in groups.items()}
     weights = share_policy(control.share_policy).drive_weights(demands, limits) if demands else {}
     held = held_drive_time(list(queues))  # as the turn policy counts it
-    seconds = {t: mount_estimate_s(_media(media_of[t]), tape_files[t], tape_bytes[t],
-                                   read_rate_mb_s=planner.read_rate_mb_s, exchange_s=planner.exchange_s)
+    seconds = {t: spread_mount_s(_media(media_of[t]), tape_files[t], tape_bytes[t],
+                                 read_rate_mb_s=planner.read_rate_mb_s, exchange_s=planner.exchange_s)
                for t in tape_files}
 
     def tag(user):
@@ -261,6 +264,61 @@ def project(*, now, control=None, health=None):
             heapq.heappush(heap, tag(user))
     return Projection(now=now, speedup=speedup, exchange_s=planner.exchange_s, jobs=jobs, chains=chains, runs=runs,
                       tape_files=tape_files, turns=turns, end_s=end_s, capped=capped)
+
+
+# A queued tape's mount from its counters (files and bytes; their places are not read): the
+# plan's model (carousel.tape.mount_profile of policies.order.read_order) over as many files of
+# the mean size at random places on the tape, one in each of as many equal stretches of it (a
+# fixed seed: the same answer every time). The positioning (locates, the first one and the
+# rewind) is computed once per technology, count and how full the files make the tape, and
+# cached; counts above SPREAD_EXACT_UP_TO are rounded to SPREAD_STEPS, beyond SPREAD_MOST the
+# positioning per file of SPREAD_MOST (denser files cost less each: an overestimate).
+SPREAD_EXACT_UP_TO = 12
+SPREAD_STEP = 1.25
+SPREAD_MOST = 400
+SPREAD_FILL_STEPS = 10
+SPREAD_SAMPLED_FILES = 24  # placements are averaged until they hold this many files
+
+
+def spread_mount_s(media, files, nbytes, *, read_rate_mb_s=None, exchange_s=0.0):
+    """Drive time of one mount reading `files` files of `nbytes` bytes in all, their places on
+    the tape unknown: the robot's exchanges, the load and unload, the reads and the positioning
+    the plan's read order would take over files spread along the tape."""
+    if files <= 0:
+        return 0.0
+    m = MEDIA[media]
+    rate = read_rate_mb_s or m.read_rate_mb_s
+    n = files if files <= SPREAD_EXACT_UP_TO else min(SPREAD_MOST, _spread_count(files))
+    fill = min(SPREAD_FILL_STEPS, round(nbytes / m.capacity_bytes * SPREAD_FILL_STEPS))
+    positioning = _positioning_s(media, n, fill) * files / n
+    reads = nbytes / (rate * MB) + files * m.file_overhead_s
+    return 2 * exchange_s + m.load_s + m.unload_s + reads + positioning
+
+
+def _spread_count(files):
+    """`files` rounded to the nearest of SPREAD_EXACT_UP_TO x SPREAD_STEP^k."""
+    k = round(math.log(files / SPREAD_EXACT_UP_TO, SPREAD_STEP))
+    return max(SPREAD_EXACT_UP_TO, round(SPREAD_EXACT_UP_TO * SPREAD_STEP ** k))
+
+
+@lru_cache(maxsize=4096)
+def _positioning_s(media, n, fill):
+    """The seconds of a mount of `n` files spread along a `media` tape, filling `fill` tenths
+    of it, that are neither reading nor the robot's, load or unload: locates and the rewind (the
+    mean over a few placements when they are few: one file's place is anywhere)."""
+    m = MEDIA[media]
+    size = int(fill / SPREAD_FILL_STEPS * m.capacity_bytes / n)
+    stretch = m.capacity_bytes / n
+    samples = max(1, SPREAD_SAMPLED_FILES // n)
+    rnd = random.Random(n)
+    total = 0.0
+    for _ in range(samples):
+        places = [(i, int(i * stretch + rnd.random() * max(0.0, stretch - size)), size) for i in range(n)]
+        order = read_order(media, places)
+        pre, _ = mount_profile(media, [(places[k][1], places[k][2]) for k in order])
+        total += pre[-1]
+    reads = n * (size / (m.read_rate_mb_s * MB) + m.file_overhead_s)
+    return max(0.0, total / samples - m.load_s - m.unload_s - reads)
 
 
 class _Open:
