@@ -45,15 +45,18 @@ S = RequestState
 #
 # With a mount plan (the stager reports its drives, or Control.drives is set): the plan's own
 # model, on the library's clock. project() lays out, in library seconds from now,
-#   - the jobs on the drives' chains, each after the one it follows: a sent job from when it
-#     was sent (its estimate less the time it has had), a pending one after its predecessor;
-#     a mount's jobs one after another (carousel/loop/mounts.py lays them out so);
+#   - the open jobs as the library runs them (_project_jobs): the mounts on the drives now,
+#     with what their unfinished files take left; the other sent jobs in the library's queue,
+#     oldest first, each taken by the drive that frees first; a pending job sent once the one
+#     it follows is done, joining its tape's mount when that tape is still in a drive. (The
+#     plan's chains say which job waits for which; which drive reads it is the library's.)
 #   - then the located queue, from the trigger-kept counters (TapeBacklog: files and bytes per
 #     user and tape), as the turn policy hands it out: each user's tapes in the TAPEID order
 #     (most of their files first), turns to the user whose drive time held (their planned and
 #     sent work, then the turns given) with the run added is the smallest for their weight
-#     (the sharing policy's drive_weights), each tape's mount (carousel.tape.mount_estimate_s:
-#     the places of its files are not read) to the chain of its technology that frees first.
+#     (the sharing policy's drive_weights), each tape's mount (spread_mount_s: the plan's
+#     model over as many files spread along the tape; their places are not read) to the drive
+#     of its technology that frees first.
 #     A tape several users want is one mount, taken at the first of their turns.
 # A file's time inside its mount is its place in read order (its rank in the job, or its rank
 # by position among the tape's queued files) between the mount's lead and tail. Times are
