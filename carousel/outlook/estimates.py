@@ -362,6 +362,9 @@ def _project_jobs(planner, status, exchange_s):
     def pool(media):
         return pools.get(media) if media in pools else pools.get("", [])
 
+    def tape_of(row):  # a job with no tape is a mount of its own
+        return row[7] if row[7] is not None else row[0]
+
     def append(row, mount, at):
         """Job `row` read in `mount` from `at` (library seconds); returns when it is done."""
         job, chain, state, _, estimate, files, created, tape, label, media = row
@@ -393,12 +396,12 @@ def _project_jobs(planner, status, exchange_s):
     for row in rows:
         if row[2] != JobState.SENT:
             continue
-        mount = mounts.get(row[7])
+        mount = mounts.get(tape_of(row))
         if mount is None:
             names = [n for n in pool(row[9] or "") if n not in taken]
             if names and (row[8] in on_drive if on_drive is not None else True):
                 drive = row[1] if row[1] in names else names[0]
-                mount = mounts[row[7]] = _Open(row[8] or "", row[9] or "", drive, None, None)
+                mount = mounts[tape_of(row)] = _Open(row[8] or "", row[9] or "", drive, None, None)
                 taken.add(drive)
         if mount is not None:
             append(row, mount, mount.end if mount.end is not None else 0.0)
@@ -439,15 +442,15 @@ def _project_jobs(planner, status, exchange_s):
         if best is not None and best[0] <= sent_at:
             start, i, drive = best
             _, row = waiting.pop(i)
-            mount = mounts[row[7]] = _Open(row[8] or "", row[9] or "", drive, None, None)
+            mount = mounts[tape_of(row)] = _Open(row[8] or "", row[9] or "", drive, None, None)
             release(row[0], append(row, mount, start))
-            for other in [w for w in waiting if w[1][7] == row[7] and row[7] is not None]:
+            for other in [w for w in waiting if tape_of(w[1]) == tape_of(row)]:
                 waiting.remove(other)
                 release(other[1][0], append(other[1], mount, mount.end))
             continue
         at, _, row = heapq.heappop(events)
-        mount = mounts.get(row[7])
-        if row[7] is not None and mount is not None and mount.end is not None and mount.end > at:
+        mount = mounts.get(tape_of(row))
+        if mount is not None and mount.end is not None and mount.end > at:
             release(row[0], append(row, mount, mount.end))  # its tape is in a drive: it joins
         else:
             waiting.append((at, row))
