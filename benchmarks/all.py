@@ -547,7 +547,7 @@ when they were sent. `_project_jobs` now replays that queue: what the mounts on 
 left (the part of their files not done), the sent jobs queued oldest first, the pending ones
 sent when the job they follow is done. overlap's files first seen at 30 s (a quarter of them,
 all its arrivals in) went from mostly late to all inside. (2) A queued tape's mount came from
-`carousel.tape.mount_estimate_s`, which took a third of the tape's length per locate and
+`carousel.tape.mount_estimate_s` (removed), which took a third of the tape's length per locate and
 overestimated mounts by 1.4-2.2 times (groups: 5,707 s for a 3,032 s mount), so groups' files
 were done before their range; it is now `spread_mount_s`: the plan's own `mount_profile` of
 `read_order` over as many files spread along the tape (within 8% of the true profile of the
