@@ -522,29 +522,52 @@ done. Goals: `estimate_coverage_planned` â‰¥ 0.90, `estimate_coverage_located` â
 nice -n 10 .venv/bin/python manage.py simulate tests/workloads/WORKLOAD --report WORKLOAD.json
 ```
 
-Measured 2026-11-28 12:50-13:11 UTC on h-estimate (pic-lto4-full and -alternate at 12:28, on an
-earlier commit of the same model) (a machine shared by six sessions; the
-figures are simulated, not timing):
+Measured 2026-11-28 15:20-16:05 UTC on h-honest (commits 3ea645d-19acf61: the open jobs laid out
+as the library runs them, a queued tape's mount from the plan's own model; a machine shared by
+four sessions; the figures are simulated, not timing). Before: 12:50-13:11 UTC on h-estimate.
 
-| workload | coverage planned | coverage located | width ratio | goals met | makespan (s) |
-| --- | ---: | ---: | ---: | --- | ---: |
-| bnl-704 | 1.00 | 1.00 | 0.48 | **met** | 2,984 |
-| bnl-large | 1.00 | 1.00 | 0.41 | **met** | 5,515 |
-| pic-lto4-full | 1.00 | 1.00 | 0.35 | **met** | 10,757 |
-| pic-lto4-alternate | 1.00 | 1.00 | 0.36 | **met** | 8,647 |
-| pic-lto4-far | 1.00 | 1.00 | 0.48 | **met** | 2,819 |
-| overlap | 0.39 | 0.39 | 0.30 | not met | 8,513 |
-| groups | 1.00 | 0.20 | 0.98 | not met (located) | 37,353 |
-| storm | not measured | not measured | - | - | - |
+| workload | coverage planned | coverage located | width ratio | goals met | before (planned / located / width) | makespan (s) |
+| --- | ---: | ---: | ---: | --- | --- | ---: |
+| bnl-704 | 1.00 | 1.00 | 0.48 | **met** | 1.00 / 1.00 / 0.48 | 2,984 |
+| bnl-large | 1.00 | 1.00 | 0.41 | **met** | 1.00 / 1.00 / 0.41 | 5,515 |
+| pic-lto4-full | 1.00 | 1.00 | 0.35 | **met** | 1.00 / 1.00 / 0.35 | 10,757 |
+| pic-lto4-alternate | 1.00 | 1.00 | 0.36 | **met** | 1.00 / 1.00 / 0.36 | 8,647 |
+| pic-lto4-far | 1.00 | 1.00 | 0.48 | **met** | 1.00 / 1.00 / 0.48 | 2,819 |
+| overlap | 0.57 | 0.57 | 0.31 | not met | 0.39 / 0.39 / 0.30 | 8,513 |
+| groups | 1.00 | 0.89 | 0.45 | **met** | 1.00 / 0.20 / 0.98 | 37,353 |
+| storm | not measured | not measured | - | - | - | - |
 
-overlap's misses are late: its 12 analysts arrive over 30 s, each cycle plans what has arrived,
-and the files that arrive later join the mounts planned ahead (one pass per tape), so the
-chains grow after the first files were shown their ranges (done / the model's time: 5% 0.61,
-median 1.23, 95% 2.28). A range that covers arrivals still to come would have to be wide;
-not done. groups' misses at located are early (7,612 of the 8,900 first seen queued are done
-before the range): the queue's projection, from the counters without the files' places
-(`carousel.tape.mount_estimate_s`), overestimates its mounts; calibrating it against the plan's
-`mount_profile` is the next step. (groups measured on 9f41b04, 12:55-13:27 UTC.)
+What changed. (1) The open jobs were laid out per chain, each after the job it follows, as if
+each chain were a drive; but the library (and a real one) runs a job for a tape in a drive
+with that drive's work and queues any other, the oldest taken by the drive that frees first.
+On overlap the chains' links make mounts run side by side that the projection had one after
+the other, and jobs sent while their drive was still reading (the tape's later jobs joined its
+mount with no link) wait in the library's queue for a drive: the projection had them read from
+when they were sent. `_project_jobs` now replays that queue: what the mounts on the drives have
+left (the part of their files not done), the sent jobs queued oldest first, the pending ones
+sent when the job they follow is done. overlap's files first seen at 30 s (a quarter of them,
+all its arrivals in) went from mostly late to all inside. (2) A queued tape's mount came from
+`carousel.tape.mount_estimate_s` (removed), which took a third of the tape's length per locate and
+overestimated mounts by 1.4-2.2 times (groups: 5,707 s for a 3,032 s mount), so groups' files
+were done before their range; it is now `spread_mount_s`: the plan's own `mount_profile` of
+`read_order` over as many files spread along the tape (within 8% of the true profile of the
+first ten tapes of every shared workload; 13% on pic-lto4-full, whose files lie end to end).
+
+What is left. overlap's misses are its arrivals (12 analysts over 30 s): each cycle plans what
+has arrived, later files join the mounts planned ahead (one pass per tape), which double
+between 10 s and 30 s, and the final round is laid out again. Files first seen at 10 s: 354 of
+897 inside (542 late); at 20 s: 368 of 1,128 (500 late, 260 early). A range covering arrivals
+still to come would need their size, which nothing tells, and would fail the width goal. The
+plan adds to it: a tape's later jobs joined to a mount on a drive have no link, so the next
+mount follows the tape's first job and is sent while the drive still reads, and a final round
+laid out again follows such a job (`MountPlanner._chains` takes the last job created that
+nothing follows as a chain's tail): the library's queue then sets the order. Not changed here.
+groups was replayed once (15:27-16:05 UTC, 19acf61's model with the queued margins (0.75, 1.3)):
+planned 1.00, located 0.95, width 0.61; its files first seen queued finish at 0.79 (10th
+percentile) to 1.17 (90th) of the model's time, so the queued margins are now (0.8, 1.2). The
+row above is that replay's recorded model times with the new margins (the margins change no
+decision of the broker, and the recomputation gives back 0.95 / 0.61 with the old ones); not
+replayed again.
 """
 
 DEFAULTS = """

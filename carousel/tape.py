@@ -282,28 +282,6 @@ def mount_profile(media, files_in_order, *, read_rate_mb_s=None, exchange_s=0.0)
     return pre, suf
 
 
-def mount_estimate_s(media, files, nbytes, *, read_rate_mb_s=None, exchange_s=0.0):
-    """Drive time of one mount reading `files` files of `nbytes` bytes in all when their places
-    on the tape are not known (the pages' projection of a queue from its counters): the same
-    parts as mount_profile, with the table's average access for the first locate and rewind,
-    and for each next locate the cost of crossing the wraps between files spread evenly along
-    the serpentine (read order follows it, so a next file is close when files are many)."""
-    media = as_media(media)
-    if files <= 0:
-        return 0.0
-    fixed = 2 * exchange_s + media.load_s + media.unload_s
-    rate = read_rate_mb_s or media.read_rate_mb_s
-    reads = nbytes / (rate * MB) + files * media.file_overhead_s
-    wraps_between = media.wraps / files
-    if wraps_between >= 1:
-        step = (media.c_fixed_s + media.c_wrap_s + media.c_direction_s / 2
-                + min(1.0, wraps_between * BANDS / media.wraps) * media.c_band_s
-                + media.length_m / 3 / media.locate_speed_m_s)
-    else:
-        step = media.c_fixed_s + wraps_between * media.length_m / media.locate_speed_m_s
-    return fixed + media.avg_access_s + (files - 1) * step + reads + media.avg_rewind_s
-
-
 def mount_lead_tail_s(media, *, exchange_s=0.0):
     """(before the first file is read, after the last one): the robot's fetch, the load and an
     average first locate; the average rewind, the unload and the robot's put-back."""
