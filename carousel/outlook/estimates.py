@@ -144,11 +144,12 @@ PROJECTION_PAIRS = 20_000
 # and the seconds taken from the low side and added to the high one, by the step a request is at. Measured on the nominal
 # replays (docs/benchmarks.md): what the model does not know is the queue's future (arrivals
 # that take turns, the final round cut across drives, a short mount jumping ahead, a retry).
-# queued: on groups (the one measured workload whose files are first seen queued), done over
-# the model's time is 0.79 at the 10th percentile and 1.17 at the 90th; a range of +-25% or
-# more is wider than half the wait whenever the whole queue is known at once.
+# queued: groups is the one measured workload whose files are first seen queued (done over the
+# model's time 0.79 at the 10th percentile, 1.17 at the 90th); narrowing these margins to fit it
+# would fit one workload, so they stay as set before it was measured (its width ratio, 0.61,
+# misses the goal of 0.5: docs/benchmarks.md).
 MARGINS = {
-    "queued": (0.8, 1.2, 300.0),
+    "queued": (0.75, 1.3, 300.0),
     "planned": (0.85, 1.15, 150.0),
     "sent": (0.85, 1.15, 120.0),
 }
