@@ -1,6 +1,7 @@
 """The mount plan: the pure planner (carousel/loop/plan.py), and the loop laying jobs out on the
 drives' chains, sending each when the one before it is done, and cutting a long mount for a
 short one that waited (carousel/loop/mounts.py)."""
+import math
 import random
 from datetime import timedelta
 
@@ -8,6 +9,7 @@ import pytest
 
 from carousel.loop import plan
 from policies.order import read_order
+from carousel.sim import replay
 from carousel.sim.library import File, Library
 from carousel.loop.cycle import run_cycle
 from carousel.models import Control, Job, JobState, RestoreRequest, StagerHealth
@@ -133,12 +135,18 @@ def library_stager(drives, tapes, *, start=0.0):
 
 
 def run_until(stager, clock, now, done, *, limit):
-    """Cycle every 10 simulated seconds until done() holds or the clock passes `limit`."""
+    """Cycle as a replay does, every 10 simulated seconds while something may change and
+    skipping the idle stretches (carousel.sim.replay.next_wake), until done() holds or the clock
+    passes `limit`."""
+    clock[0] += 10
     while clock[0] < limit:
-        clock[0] += 10
-        run_cycle(now=now + timedelta(seconds=clock[0]), stager=stager)
+        report = run_cycle(now=now + timedelta(seconds=clock[0]), stager=stager)
         if done():
             return True
+        wake = replay.next_wake(report, stager.library, control=Control.get(), now=clock[0], period=10, epoch=now)
+        if wake is None:
+            return False
+        clock[0] = max(clock[0] + 10, math.ceil(wake / 10 - 1e-9) * 10)
     return False
 
 

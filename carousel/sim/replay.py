@@ -235,22 +235,12 @@ def replay_broker(workload, *, control=None, progress=None, mismatch=None, backe
         pending_arrivals = next_arrival < len(arrivals)
         if not pending_arrivals and not RestoreRequest.objects.filter(state__in=ACTIVE_STATES).exists():
             break
-        if report.located or report.submitted or report.requeued or report.expired or report.preempted:
-            wake = now + period  # the loop may have more to do at once (locate batches, slots)
-        elif next_change(library, horizon=now + period) is not None:
-            wake = now + period  # a file changes state before the next cycle: no need to look further
-        else:
-            candidates = [_loop_deadline(row, now)]
-            if pending_arrivals:
-                candidates.append(arrivals[next_arrival][0])
-            candidates = [c for c in candidates if c is not None]
-            candidates.append(next_change(library, horizon=min(candidates, default=math.inf)))
-            candidates = [c for c in candidates if c is not None]
-            if not candidates:
-                active = RestoreRequest.objects.filter(state__in=ACTIVE_STATES).count()
-                raise ReplayError(f"the replay is stuck at {now:.0f} s: {active} requests are active, the library "
-                                  "is idle and nothing the loop waits for is due (paused? held back for good?)")
-            wake = min(candidates)
+        wake = next_wake(report, library, control=row, now=now, period=period,
+                         arrival=arrivals[next_arrival][0] if pending_arrivals else None)
+        if wake is None:
+            active = RestoreRequest.objects.filter(state__in=ACTIVE_STATES).count()
+            raise ReplayError(f"the replay is stuck at {now:.0f} s: {active} requests are active, the library "
+                              "is idle and nothing the loop waits for is due (paused? held back for good?)")
         cycle = max(cycle + 1, math.ceil((wake - start) / period - 1e-9))
         if cycle * period > MAX_SIMULATED_S:
             raise ReplayError(f"the replay passed {MAX_SIMULATED_S / 86400:.0f} simulated days; giving up")
@@ -379,7 +369,22 @@ def next_change(library, *, horizon):
     return None
 
 
-def _loop_deadline(row, now):
+def next_wake(report, library, *, control, now, period, arrival=None, epoch=EPOCH):
+    """After the cycle at `now` (library seconds since `epoch`) that gave `report`: the next
+    moment a cycle may find something to do, or None if nothing is ever due (stuck). The next
+    period if the cycle acted (there may be more: locate batches, slots) or a file changes state
+    before then; else the first of the loop's time limits, the next arrival and the library's
+    next change: the idle stretch between is skipped, as nothing can happen in it."""
+    if report.located or report.submitted or report.requeued or report.expired or report.preempted:
+        return now + period
+    if next_change(library, horizon=now + period) is not None:
+        return now + period
+    candidates = [c for c in (_loop_deadline(control, now, epoch=epoch), arrival) if c is not None]
+    candidates.append(next_change(library, horizon=min(candidates, default=math.inf)))
+    return min((c for c in candidates if c is not None), default=None)
+
+
+def _loop_deadline(row, now, *, epoch=EPOCH):
     """The next moment a time limit of the loop may change what it does, or None: a retry
     coming due, a deadline, a queued request reaching the maximum wait (or the worth-mounting
     wait), jobs in flight reaching the stall time, a short mount's wait that lets it cut a long
@@ -401,7 +406,7 @@ def _loop_deadline(row, now):
                 moments.append(first["oldest"] + timedelta(seconds=wait))
         # The wear rules (carousel/loop/wear.py) free a held run when its oldest request has
         # waited mount_max_wait_s, or its tape's remount delay ends: the next of each.
-        at = EPOCH + timedelta(seconds=now)
+        at = epoch + timedelta(seconds=now)
         if row.mount_max_wait_s > 0:
             nxt = RestoreRequest.objects.filter(state=RequestState.QUEUED, created_at__gt=at - timedelta(
                 seconds=row.mount_max_wait_s)).aggregate(m=Min("created_at"))["m"]
@@ -422,7 +427,7 @@ def _loop_deadline(row, now):
             last = StagerHealth.get().preempted_at
             moments.append(max(waiting + timedelta(seconds=row.preempt_after_s),
                                last + timedelta(seconds=row.preempt_gap_s) if last else waiting))
-    seconds = [(m - EPOCH).total_seconds() for m in moments]
+    seconds = [(m - epoch).total_seconds() for m in moments]
     later = [s for s in seconds if s > now]
     return min(later, default=None)
 
