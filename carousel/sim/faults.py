@@ -452,13 +452,18 @@ class Simulation:
     def _loop(self):
         period = Control.get().cycle_s
         events = list(self.schedule.events)
+        self.last_event_t = events[-1][0]
         next_cycle = 0.0
-        end = self.schedule.horizon + DRAIN_S
+        end = self.last_event_t + DRAIN_S
         drain_cycles = 0
         while True:
             if events and events[0][0] <= next_cycle:
                 self.t, kind, args = events.pop(0)
                 self._event(kind, args)
+                if not events:
+                    # The operator after the last event too (it may have paused the loop after the
+                    # faults stopped): the drain's cycles run with the loop unpaused.
+                    self._morning_after()
                 # Something changed: the loop runs at its next tick (once restarted, after a crash).
                 next_cycle = max(min(next_cycle, math.ceil(self.t / period) * period), self.restart_at)
             else:
@@ -469,13 +474,16 @@ class Simulation:
                     self.restart_at = self.t + max(period, self.restart_s)
                     next_cycle = max(next_cycle or self.restart_at, self.restart_at)
                 if not events:
-                    if not drain_cycles:
-                        self._morning_after()
                     drain_cycles += 1
                     if self._all_final():
                         return
-                    if next_cycle is None or next_cycle > end or drain_cycles > DRAIN_CYCLES:
-                        self._forgotten()
+                    # Judged only once the drain time has passed (or after too many cycles): with
+                    # nothing due before then, the clock jumps to its end, where every time limit
+                    # of the loop has run out, and the cycle there has its chance.
+                    if self.t >= end or drain_cycles > DRAIN_CYCLES:
+                        self._forgotten(report)
+                    if next_cycle is None or next_cycle > end:
+                        next_cycle = end
                 if next_cycle is None:
                     next_cycle = events[0][0] if events else end
             self._worker()
@@ -703,12 +711,13 @@ class Simulation:
     def _all_final(self):
         return not RestoreRequest.objects.filter(state__in=ACTIVE_STATES).exists() and not Intake.objects.exists()
 
-    def _forgotten(self):
+    def _forgotten(self, report):
         left = dict(RestoreRequest.objects.filter(state__in=ACTIVE_STATES).order_by().values_list("state")
                     .annotate(n=Count("id")))
         self.fail("every request reaches a final state once the faults stop",
                   f"{left} still active, {Intake.objects.count()} in the intake, "
-                  f"{(self.t - self.schedule.horizon) / 3600:.1f} h after the last event; stager "
+                  f"{(self.t - self.last_event_t) / 3600:.1f} h after the last event (its last cycle "
+                  f"{'sent something' if report is not None and report.submitted else 'sent nothing'}); stager "
                   f"{StagerHealth.get().state}, control paused={Control.get().paused}")
 
     # Invariants -------------------------------------------------------------------------------
