@@ -79,6 +79,14 @@ CYCLE_STEPS = ("expire_requests", "requeue_due_retries", "requeue_orphans", "col
                "send_stager_calls", "dispatch_deliveries", "notices_due")
 FAULTS = ("down", "flaky", "garbage", "try_later", "mail_hangs", "broker_refuses", "delivery_fails", "lossy",
           "drive_errors", "worker_down")
+# The faults whose end lets the loop or the worker go on with what they could not do (the stager
+# answers again, the worker runs its tasks, the broker takes them): the clock wakes the loop
+# then. The others' consequences have times of their own the clock already wakes it for (a
+# retry, a job's deadline), or none the invariants watch (a notice mailed later).
+WAKING_FAULTS = ("down", "flaky", "garbage", "try_later", "broker_refuses", "worker_down")
+# Events that only arm a fault for the loop's next cycle, whenever it comes: they change
+# nothing the loop would act on, so they bring no cycle forward.
+ARMING_EVENTS = ("crash", "crash_worker", "race_cancel")
 
 
 class Crash(BaseException):
@@ -419,6 +427,9 @@ class Simulation:
                 CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                                     "LOCATION": f"carousel-faults-{self.seed}"}}))
             stack.enter_context(mock.patch.object(queue, "send_on_commit", self._send_on_commit))
+            # The cycle's wall-clock duration, for the metrics: noise in a simulation on a
+            # simulated clock (no invariant reads it), and a transaction of its own each cycle.
+            stack.enter_context(mock.patch.object(cycle_module.metrics, "record_cycle", lambda seconds: None))
             _current = self
             try:
                 cache.clear()
@@ -453,7 +464,8 @@ class Simulation:
         period = Control.get().cycle_s
         events = list(self.schedule.events)
         self.last_event_t = events[-1][0]
-        next_cycle = 0.0
+        # Before the first event the database is empty: the first cycle is the tick that follows it.
+        next_cycle = math.ceil(events[0][0] / period) * period
         end = self.last_event_t + DRAIN_S
         drain_cycles = 0
         while True:
@@ -464,11 +476,17 @@ class Simulation:
                     # The operator after the last event too (it may have paused the loop after the
                     # faults stopped): the drain's cycles run with the loop unpaused.
                     self._morning_after()
-                # Something changed: the loop runs at its next tick (once restarted, after a crash).
-                next_cycle = max(min(next_cycle, math.ceil(self.t / period) * period), self.restart_at)
+                if kind not in ARMING_EVENTS:
+                    # Something changed: the loop runs at its next tick (once restarted, after a crash).
+                    next_cycle = max(min(next_cycle, math.ceil(self.t / period) * period), self.restart_at)
+                self._worker()
             else:
                 self.t = next_cycle
                 report = self._cycle()
+                # The worker runs what the cycle sent before the clock looks ahead: its calls to
+                # the stager (withdrawals) meet the library at the cycle's time, not at the next
+                # change the look-ahead ran it to.
+                self._worker()
                 next_cycle = self._next_cycle(report, period, events)
                 if report is None:  # the process died: it is restarted a while later
                     self.restart_at = self.t + max(period, self.restart_s)
@@ -486,7 +504,6 @@ class Simulation:
                         next_cycle = end
                 if next_cycle is None:
                     next_cycle = events[0][0] if events else end
-            self._worker()
             self._check()
 
     def _event(self, kind, args):
@@ -644,20 +661,28 @@ class Simulation:
         """The next tick at which something may change (idle stretches skipped); None: nothing due."""
         now = self.t
         soon = now + period
-        # While the message broker refuses tasks, a cycle's dispatch of deliveries is refused
-        # again at each tick until it comes back: nothing to see until then.
-        delivering = report is not None and report.delivering and not self.active("broker_refuses")
         if report is None or report.error or report.located or report.submitted or report.requeued \
-                or report.expired or report.preempted or delivering or report.stager_calls:
+                or report.expired or report.preempted:
+            return soon
+        # Deliveries the cycle dispatched were run by the worker since: the next tick has more
+        # to dispatch only if some wait for room (deliveries_per_fs). While the message broker
+        # refuses tasks, a dispatch is refused again at each tick until it comes back: nothing
+        # to see until then (its end wakes the loop).
+        if report.delivering and not self.active("broker_refuses") and RestoreRequest.objects.filter(
+                state=S.DELIVERING, delivery_started_at__isnull=True).exists():
+            return soon
+        # Stager calls: more are due now than a cycle sends (later ones are moments below).
+        if report.stager_calls and StagerCall.objects.filter(next_at__lte=self.now()).exists():
             return soon
         if replay.next_change(self.library, horizon=soon) is not None:
             return soon
-        candidates = [replay._loop_deadline(Control.get(), now)]
+        control = Control.get()
+        candidates = [replay._loop_deadline(control, now)]
         if events:
             candidates.append(events[0][0])
         # A fault's end may let work go on; its start changes nothing until the loop calls.
-        for spans in self.schedule.windows.values():
-            candidates += [b for a, b in spans if b > now]
+        for fault in WAKING_FAULTS:
+            candidates += [b for a, b in self.schedule.windows.get(fault, ()) if b > now]
         firsts = RestoreRequest.objects.aggregate(
             pin=Min("pin_until"), locate=Min("locate_after", filter=Q(state=S.QUEUED, tape__isnull=True)),
             lease=Min("delivery_started_at", filter=Q(state=S.DELIVERING)))
@@ -666,7 +691,6 @@ class Simulation:
             moments.append(firsts["lease"] + timedelta(seconds=6 * 3600))
         moments.append(StagerCall.objects.aggregate(m=Min("next_at"))["m"])
         # Jobs' deadlines (carousel/loop/deadlines.py): marked overdue, given up a cycle later.
-        control = Control.get()
         for chain, sent_at, progress_at, estimate, overdue in Job.objects.filter(state=JobState.SENT).values_list(
                 "chain", "sent_at", "progress_at", "estimate_s", "overdue_at"):
             if overdue:
