@@ -661,8 +661,14 @@ class Simulation:
         """The next tick at which something may change (idle stretches skipped); None: nothing due."""
         now = self.t
         soon = now + period
-        if report is None or report.error or report.located or report.submitted or report.requeued \
-                or report.expired or report.preempted:
+        if report is None or report.error or report.requeued or report.expired or report.preempted:
+            return soon
+        # After locating and sending, the next tick has more to do only if work is left that
+        # the loop may locate, claim or send (a cap, a choice per cycle, a job on a chain);
+        # what was sent shows its progress at the library's next change.
+        if (report.located or report.submitted) and (
+                RestoreRequest.objects.filter(state=S.QUEUED).exists()
+                or Job.objects.filter(state=JobState.PENDING).exists()):
             return soon
         # Deliveries the cycle dispatched were run by the worker since: the next tick has more
         # to dispatch only if some wait for room (deliveries_per_fs). While the message broker
