@@ -8,14 +8,18 @@ weights and drives, and faults: stage requests the library loses, drives failing
 locates answering "try later", the stager down or answering garbage or timing out, a mail
 server that hangs, a message broker that refuses tasks, deliveries failing, a worker or the
 cycle's process dying between two steps or inside a stager call (what its open transaction
-wrote is rolled back; the next cycle is the restart). The faults stop before the end; the run
-then goes on until every request is final (bounded).
+wrote is rolled back; the next cycle is the restart). The faults stop before the end; after the
+last event (the operator lifts a pause and any quarantine then, as when the faults stop) the run
+goes on until every request is final, for at most DRAIN_S: a request still active when that
+time has passed (the clock jumps there when nothing is due sooner) was forgotten.
 
 It runs the real carousel.loop.cycle.run_cycle with the shipped control defaults on a
 simulated clock, against the simulated library behind a FaultyStager, in the current database
 (which must hold no requests: benchmarks/faults.py gives each seed a fresh SQLite copy). The
 worker is simulated too: the tasks a commit sends are run by the simulator after the step that
-sent them. Idle stretches are skipped as the replay skips them.
+sent them. Idle stretches are skipped as the replay skips them: a cycle runs at the next tick
+at which something may change (an event that changes the database, the library's next change,
+a time limit of the loop, the end of a fault that held the loop back, work the last cycle left).
 
 After every step (a cycle, a user's or an operator's action) it checks the invariants and
 stops at the first violation, with the seed and the step:
