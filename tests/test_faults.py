@@ -8,8 +8,11 @@ from carousel.loop import cycle, progress
 from carousel.models import RequestState, RestoreRequest, StagerCall, UserStateCount, UserStateCountDelta
 from carousel.sim.faults import Simulation, run_seed
 
-# Seeds that ran clean on the final code (benchmarks/faults.py runs thousands).
-CLEAN_SEEDS = (1, 2, 3)
+# Seeds that ran clean on the final code (benchmarks/faults.py runs thousands): short ones that
+# meet between them most faults (the stager flaky, lossy, answering garbage or "try later"; the
+# worker down, the broker refusing tasks, drive errors) and seven crashes; seed 5126 below adds
+# an outage, failed deliveries and an operator's pause.
+CLEAN_SEEDS = (4, 8, 12)
 
 
 @pytest.mark.parametrize("seed", CLEAN_SEEDS)
@@ -19,11 +22,11 @@ def test_a_seed_runs_without_violation(transactional_db, seed):
     assert result.steps > 0
 
 
-# Found by `benchmarks/faults.py --seeds 150 --seed-start 5000` (2026-11-28), on main before and
-# after that day's merges alike: 12 requests stay queued once the faults stop, with the stager
-# healthy and the broker not paused. Not understood yet; strict, so a fix makes this test fail
-# until the marker is removed and the seed joins CLEAN_SEEDS.
-@pytest.mark.xfail(strict=True, reason="seed 5126: 12 requests left queued after the faults stop (not fixed)")
+# Found by `benchmarks/faults.py --seeds 150 --seed-start 5000` (2026-11-28): 12 requests "left
+# queued" after the faults stop. The simulator's defect, not the broker's: an operator paused the
+# loop after the faults stopped, and the drain judged the requests forgotten right after the last
+# event, in the same step that lifted the pause, before a cycle had run unpaused. The drain now
+# starts unpaused and judges only once its time has passed.
 def test_seed_5126_leaves_no_request_queued(transactional_db):
     result = run_seed(5126)
     assert result.violation is None, str(result.violation)
@@ -38,6 +41,11 @@ def drop_a_new_file(mp):
 def never_retry(mp):
     """Requests that failed transiently wait for their retry for ever."""
     mp.setattr(cycle, "requeue_due_retries", lambda *, now: 0)
+
+
+def never_locate(mp):
+    """Requests are never located: they stay queued for ever (what seed 5126 seemed to show)."""
+    mp.setattr(cycle, "locate_new_work", lambda **kwargs: 0)
 
 
 def stage_again(mp):
@@ -100,6 +108,7 @@ def cancel_everyones(mp):
 PLANTED = [
     (drop_a_new_file, 0, "every submitted request is in exactly one state (none forgotten)"),
     (never_retry, 42, "every request reaches a final state once the faults stop"),
+    (never_locate, 0, "every request reaches a final state once the faults stop"),
     (stage_again, 0, "no file is read twice for one request (except after a failure or a lost job)"),
     (cancel_without_withdrawal, 1802, "no cancelled or released request is left at the stager"),
     (end_pins_early, 0, "no live pin is released"),

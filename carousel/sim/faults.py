@@ -8,14 +8,18 @@ weights and drives, and faults: stage requests the library loses, drives failing
 locates answering "try later", the stager down or answering garbage or timing out, a mail
 server that hangs, a message broker that refuses tasks, deliveries failing, a worker or the
 cycle's process dying between two steps or inside a stager call (what its open transaction
-wrote is rolled back; the next cycle is the restart). The faults stop before the end; the run
-then goes on until every request is final (bounded).
+wrote is rolled back; the next cycle is the restart). The faults stop before the end; after the
+last event (the operator lifts a pause and any quarantine then, as when the faults stop) the run
+goes on until every request is final, for at most DRAIN_S: a request still active when that
+time has passed (the clock jumps there when nothing is due sooner) was forgotten.
 
 It runs the real carousel.loop.cycle.run_cycle with the shipped control defaults on a
 simulated clock, against the simulated library behind a FaultyStager, in the current database
 (which must hold no requests: benchmarks/faults.py gives each seed a fresh SQLite copy). The
 worker is simulated too: the tasks a commit sends are run by the simulator after the step that
-sent them. Idle stretches are skipped as the replay skips them.
+sent them. Idle stretches are skipped as the replay skips them: a cycle runs at the next tick
+at which something may change (an event that changes the database, the library's next change,
+a time limit of the loop, the end of a fault that held the loop back, work the last cycle left).
 
 After every step (a cycle, a user's or an operator's action) it checks the invariants and
 stops at the first violation, with the seed and the step:
@@ -79,6 +83,14 @@ CYCLE_STEPS = ("expire_requests", "requeue_due_retries", "requeue_orphans", "col
                "send_stager_calls", "dispatch_deliveries", "notices_due")
 FAULTS = ("down", "flaky", "garbage", "try_later", "mail_hangs", "broker_refuses", "delivery_fails", "lossy",
           "drive_errors", "worker_down")
+# The faults whose end lets the loop or the worker go on with what they could not do (the stager
+# answers again, the worker runs its tasks, the broker takes them): the clock wakes the loop
+# then. The others' consequences have times of their own the clock already wakes it for (a
+# retry, a job's deadline), or none the invariants watch (a notice mailed later).
+WAKING_FAULTS = ("down", "flaky", "garbage", "try_later", "broker_refuses", "worker_down")
+# Events that only arm a fault for the loop's next cycle, whenever it comes: they change
+# nothing the loop would act on, so they bring no cycle forward.
+ARMING_EVENTS = ("crash", "crash_worker", "race_cancel")
 
 
 class Crash(BaseException):
@@ -419,6 +431,9 @@ class Simulation:
                 CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                                     "LOCATION": f"carousel-faults-{self.seed}"}}))
             stack.enter_context(mock.patch.object(queue, "send_on_commit", self._send_on_commit))
+            # The cycle's wall-clock duration, for the metrics: noise in a simulation on a
+            # simulated clock (no invariant reads it), and a transaction of its own each cycle.
+            stack.enter_context(mock.patch.object(cycle_module.metrics, "record_cycle", lambda seconds: None))
             _current = self
             try:
                 cache.clear()
@@ -452,33 +467,47 @@ class Simulation:
     def _loop(self):
         period = Control.get().cycle_s
         events = list(self.schedule.events)
-        next_cycle = 0.0
-        end = self.schedule.horizon + DRAIN_S
+        self.last_event_t = events[-1][0]
+        # Before the first event the database is empty: the first cycle is the tick that follows it.
+        next_cycle = math.ceil(events[0][0] / period) * period
+        end = self.last_event_t + DRAIN_S
         drain_cycles = 0
         while True:
             if events and events[0][0] <= next_cycle:
                 self.t, kind, args = events.pop(0)
                 self._event(kind, args)
-                # Something changed: the loop runs at its next tick (once restarted, after a crash).
-                next_cycle = max(min(next_cycle, math.ceil(self.t / period) * period), self.restart_at)
+                if not events:
+                    # The operator after the last event too (it may have paused the loop after the
+                    # faults stopped): the drain's cycles run with the loop unpaused.
+                    self._morning_after()
+                if kind not in ARMING_EVENTS:
+                    # Something changed: the loop runs at its next tick (once restarted, after a crash).
+                    next_cycle = max(min(next_cycle, math.ceil(self.t / period) * period), self.restart_at)
+                self._worker()
             else:
                 self.t = next_cycle
                 report = self._cycle()
+                # The worker runs what the cycle sent before the clock looks ahead: its calls to
+                # the stager (withdrawals) meet the library at the cycle's time, not at the next
+                # change the look-ahead ran it to.
+                self._worker()
                 next_cycle = self._next_cycle(report, period, events)
                 if report is None:  # the process died: it is restarted a while later
                     self.restart_at = self.t + max(period, self.restart_s)
                     next_cycle = max(next_cycle or self.restart_at, self.restart_at)
                 if not events:
-                    if not drain_cycles:
-                        self._morning_after()
                     drain_cycles += 1
                     if self._all_final():
                         return
-                    if next_cycle is None or next_cycle > end or drain_cycles > DRAIN_CYCLES:
-                        self._forgotten()
+                    # Judged only once the drain time has passed (or after too many cycles): with
+                    # nothing due before then, the clock jumps to its end, where every time limit
+                    # of the loop has run out, and the cycle there has its chance.
+                    if self.t >= end or drain_cycles > DRAIN_CYCLES:
+                        self._forgotten(report)
+                    if next_cycle is None or next_cycle > end:
+                        next_cycle = end
                 if next_cycle is None:
                     next_cycle = events[0][0] if events else end
-            self._worker()
             self._check()
 
     def _event(self, kind, args):
@@ -636,20 +665,34 @@ class Simulation:
         """The next tick at which something may change (idle stretches skipped); None: nothing due."""
         now = self.t
         soon = now + period
-        # While the message broker refuses tasks, a cycle's dispatch of deliveries is refused
-        # again at each tick until it comes back: nothing to see until then.
-        delivering = report is not None and report.delivering and not self.active("broker_refuses")
-        if report is None or report.error or report.located or report.submitted or report.requeued \
-                or report.expired or report.preempted or delivering or report.stager_calls:
+        if report is None or report.error or report.requeued or report.expired or report.preempted:
+            return soon
+        # After locating and sending, the next tick has more to do only if work is left that
+        # the loop may locate, claim or send (a cap, a choice per cycle, a job on a chain);
+        # what was sent shows its progress at the library's next change.
+        if (report.located or report.submitted) and (
+                RestoreRequest.objects.filter(state=S.QUEUED).exists()
+                or Job.objects.filter(state=JobState.PENDING).exists()):
+            return soon
+        # Deliveries the cycle dispatched were run by the worker since: the next tick has more
+        # to dispatch only if some wait for room (deliveries_per_fs). While the message broker
+        # refuses tasks, a dispatch is refused again at each tick until it comes back: nothing
+        # to see until then (its end wakes the loop).
+        if report.delivering and not self.active("broker_refuses") and RestoreRequest.objects.filter(
+                state=S.DELIVERING, delivery_started_at__isnull=True).exists():
+            return soon
+        # Stager calls: more are due now than a cycle sends (later ones are moments below).
+        if report.stager_calls and StagerCall.objects.filter(next_at__lte=self.now()).exists():
             return soon
         if replay.next_change(self.library, horizon=soon) is not None:
             return soon
-        candidates = [replay._loop_deadline(Control.get(), now)]
+        control = Control.get()
+        candidates = [replay._loop_deadline(control, now)]
         if events:
             candidates.append(events[0][0])
         # A fault's end may let work go on; its start changes nothing until the loop calls.
-        for spans in self.schedule.windows.values():
-            candidates += [b for a, b in spans if b > now]
+        for fault in WAKING_FAULTS:
+            candidates += [b for a, b in self.schedule.windows.get(fault, ()) if b > now]
         firsts = RestoreRequest.objects.aggregate(
             pin=Min("pin_until"), locate=Min("locate_after", filter=Q(state=S.QUEUED, tape__isnull=True)),
             lease=Min("delivery_started_at", filter=Q(state=S.DELIVERING)))
@@ -658,7 +701,6 @@ class Simulation:
             moments.append(firsts["lease"] + timedelta(seconds=6 * 3600))
         moments.append(StagerCall.objects.aggregate(m=Min("next_at"))["m"])
         # Jobs' deadlines (carousel/loop/deadlines.py): marked overdue, given up a cycle later.
-        control = Control.get()
         for chain, sent_at, progress_at, estimate, overdue in Job.objects.filter(state=JobState.SENT).values_list(
                 "chain", "sent_at", "progress_at", "estimate_s", "overdue_at"):
             if overdue:
@@ -703,12 +745,13 @@ class Simulation:
     def _all_final(self):
         return not RestoreRequest.objects.filter(state__in=ACTIVE_STATES).exists() and not Intake.objects.exists()
 
-    def _forgotten(self):
+    def _forgotten(self, report):
         left = dict(RestoreRequest.objects.filter(state__in=ACTIVE_STATES).order_by().values_list("state")
                     .annotate(n=Count("id")))
         self.fail("every request reaches a final state once the faults stop",
                   f"{left} still active, {Intake.objects.count()} in the intake, "
-                  f"{(self.t - self.schedule.horizon) / 3600:.1f} h after the last event; stager "
+                  f"{(self.t - self.last_event_t) / 3600:.1f} h after the last event (its last cycle "
+                  f"{'sent something' if report is not None and report.submitted else 'sent nothing'}); stager "
                   f"{StagerHealth.get().state}, control paused={Control.get().paused}")
 
     # Invariants -------------------------------------------------------------------------------
