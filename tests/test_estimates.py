@@ -10,6 +10,7 @@ from carousel.domain.services import restore_submit
 from carousel.loop.locating import locate_requests
 from carousel.models import Bulk, Control, Job, RestoreRequest, StagerHealth, Tape
 from carousel.outlook import estimates
+from carousel.outlook.submissions import submission_summary
 from carousel.sim.replay import replay_broker, report
 from carousel.sim.workload import load
 from tests.site_plugins import MapStager
@@ -103,13 +104,14 @@ def test_a_submission_has_a_range_then_its_actual_first_and_last(alice, now):
     drives(speedup=1)
     first, second = chain_of_two(alice, now)
     bulk = Bulk.objects.get()
-    got = estimates.submission_estimate(bulk=bulk, now=now)
-    assert not got.actual and now < got.latest and got.earliest <= got.latest
-    assert got.latest - now > timedelta(seconds=3000 + 1800)
+    got = submission_summary(bulk, now=now)
+    earliest, latest = got.estimate
+    assert not got.finished and now < latest and earliest <= latest
+    assert latest - now > timedelta(seconds=3000 + 1800)
     for path, s in (("/t1/a", 100), ("/t2/a", 900)):
         RestoreRequest.objects.filter(path=path).update(state="done", finished_at=now + timedelta(seconds=s))
-    got = estimates.submission_estimate(bulk=bulk, now=now + timedelta(hours=1))
-    assert got.actual and (got.earliest, got.latest) == (now + timedelta(seconds=100), now + timedelta(seconds=900))
+    got = submission_summary(bulk, now=now + timedelta(hours=1))
+    assert got.finished and got.estimate == (now + timedelta(seconds=100), now + timedelta(seconds=900))
 
 
 def test_the_replay_report_scores_the_estimates_shown(db):

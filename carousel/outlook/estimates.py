@@ -5,8 +5,8 @@ Which function gives what:
   - queue_context(user=, now=) then request_outlooks(requests, user=, ctx=): each request's
     Outlook; Outlook.eta is the request's range, (earliest, latest) seconds from now (wall
     clock), latest None when unknown; None when there is no basis (and a reason says why);
-  - submission_estimate(bulk=, now=): a submission's range, as datetimes (the actual first and
-    last completion once it is finished);
+  - a submission's range is combined from its files' ranges by carousel/outlook/submissions.py
+    (the pages, the API, the CLI: one computation);
   - project(now=): the projection both read, for callers that ask many times at one moment
     (the replay) and pass it on as queue_context(..., projection=).
 """
@@ -20,14 +20,14 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import Group
 from django.db import connection
-from django.db.models import Count, F, Max, Min, Q, Sum
+from django.db.models import Count, F, Min, Q, Sum
 
 from carousel.domain.paths import delivery_target
 from carousel.domain.selectors.summary import jobs_limit
 from carousel.loop.health import projected_disk_use
 from carousel.loop.mounts import MountPlanner
 from carousel.models import (
-    ACTIVE_STATES, IN_FLIGHT_STATES, READY, BulkItem, Control, HealthState, Job, JobState, RequestState, RestoreRequest, StagerHealth,
+    IN_FLIGHT_STATES, READY, Control, HealthState, Job, JobState, RequestState, RestoreRequest, StagerHealth,
     TapeBacklog, Transition,
 )
 from carousel.outlook.shares import caps_and_weights, drive_time_shares, throughput_shares
@@ -798,76 +798,3 @@ def _mounts_ahead(proj, chain, job_id):
               f"{_clock(proj, start)}-{_clock(proj, end)})" for tape, start, end in mounts[:MOUNTS_LISTED]]
     more = f" and {len(mounts) - MOUNTS_LISTED} more" if len(mounts) > MOUNTS_LISTED else ""
     return f"; ahead of it on that drive (UTC): {', '.join(listed)}{more}"
-
-
-@dataclass(frozen=True)
-class SubmissionEstimate:
-    """A submission's range: when its unfinished files are done, earliest and latest (UTC
-    datetimes; latest None when some located file has no upper bound). Once nothing is left to
-    do, the actual first and last completion (`actual`). None of it when no file is located
-    (`unlocated`: the files that wait for the stager to say where they are)."""
-
-    earliest: datetime | None
-    latest: datetime | None
-    actual: bool = False
-    unlocated: int = 0
-
-
-def submission_estimate(*, bulk, now, projection=None):
-    """The range of submission `bulk` (a Bulk) at `now`: one aggregate per kind of step, over
-    its requests grouped by job and by tape (bounded by the window and the tapes, not by the
-    files), read against the same projection as each request's outlook."""
-    members = RestoreRequest.objects.filter(
-        Q(bulk_id=bulk.id) | Q(id__in=BulkItem.objects.filter(bulk_id=bulk.id).values("request_id"))).order_by()
-    done = members.filter(state=S.DONE).aggregate(first=Min("finished_at"), last=Max("finished_at"))
-    active = members.filter(state__in=ACTIVE_STATES)
-    unlocated = active.filter(state=S.QUEUED, tape__isnull=True).count()
-    control = Control.get()
-    proj = projection if projection is not None else project(now=now, control=control)
-    lows, highs, open_ended = [], [], False
-    in_flight = list(active.filter(state__in=IN_FLIGHT_STATES).values("job_id").annotate(
-        first=Min("job_rank"), last=Max("job_rank")).values_list("job_id", "first", "last", "job__files",
-                                                                  "job__state"))
-    queued = list(active.filter(READY).values("tape_id").annotate(n=Count("id")).values_list("tape_id", "n"))
-    retry = active.filter(state=S.RETRY).aggregate(first=Min("retry_at"), n=Count("id"))
-    delivering = active.filter(state=S.DELIVERING).exists()
-    if not in_flight and not queued and not retry["n"] and not delivering:
-        if unlocated:
-            return SubmissionEstimate(None, None, unlocated=unlocated)
-        return SubmissionEstimate(done["first"], done["last"], actual=True)
-    cycle_s = control.cycle_s
-    if proj is None:  # no plan: the observed rate, as for each request
-        rate = restore_rate(now=now)
-        n = sum(count for _, count in queued) + len(in_flight) + (retry["n"] or 0)
-        first = eta_range(ahead=0, in_flight=0, rate=rate, cycle_s=cycle_s)
-        last = eta_range(ahead=n, in_flight=0, rate=rate, cycle_s=cycle_s)
-        if first is None:
-            return SubmissionEstimate(None, None, unlocated=unlocated)
-        return SubmissionEstimate(now + timedelta(seconds=first[0]), now + timedelta(seconds=last[1]),
-                                  unlocated=unlocated)
-    for job_id, first, last, files, state in in_flight:
-        mount = proj.jobs.get(job_id)
-        if mount is None:
-            open_ended = True
-            continue
-        step = "planned" if state == JobState.PENDING else "sent"
-        lows.append(_range(proj, _file_time(mount, first, files or 1), step, cycle_s)[0])
-        highs.append(_range(proj, _file_time(mount, last, files or 1), step, cycle_s)[1])
-    for tape_id, _ in queued:
-        mount = proj.runs.get((bulk.user_id, tape_id))
-        if mount is None:
-            lows.append(_range(proj, proj.end_s, "queued", cycle_s)[0])
-            open_ended = True
-            continue
-        files = proj.tape_files.get(tape_id, 1)
-        lows.append(_range(proj, _file_time(mount, 0, files), "queued", cycle_s)[0])
-        highs.append(_range(proj, _file_time(mount, files - 1, files), "queued", cycle_s)[1])
-    if retry["n"]:
-        wait = max(0.0, (retry["first"] - now).total_seconds())
-        lows.append(wait)
-        highs.append(wait + _range(proj, proj.end_s, "queued", cycle_s)[1])
-    if delivering:
-        lows.append(0.0)
-    earliest = now + timedelta(seconds=min(lows)) if lows else None
-    latest = now + timedelta(seconds=max(highs)) if highs and not open_ended else None
-    return SubmissionEstimate(earliest, latest, unlocated=unlocated)
