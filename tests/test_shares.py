@@ -87,3 +87,21 @@ def test_the_live_page_the_usage_report_and_the_api_give_the_same_share(today, a
     assert re.search(rf'data-testid="user-share">{shown}<', live_html)
     assert re.search(rf'data-testid="usage-share">{shown}<', usage_html)
     assert re.search(rf'data-testid="my-share">{shown}<', mine_html)
+
+
+def test_the_live_page_and_the_usage_report_give_each_activity_the_same_share(today, alice, operator):
+    """Per activity too, one share: drive time over the period, the mount on a drive so far
+    included, on the live page as in the usage report by activity (and its page)."""
+    RestoreRequest.objects.filter(user=alice).update(activity="Express")
+    figures = live.live_figures(now=timezone.now())
+    on_live = {a["activity"]: a["drive_share"] for a in figures.activities}
+    floor = usage.day_floor(today)
+    report = usage.usage_report(since=floor, until=floor + timedelta(days=1), by="activity", now=timezone.now())
+    in_report = {line.name: line.drive_share for line in report.lines}
+    # Express: alice's 3/4 of the finished mount (0.225 of 0.5); default: charlie's 1/4 of it
+    # and his mount on a drive now (0.275).
+    assert on_live == pytest.approx(in_report, rel=1e-3)
+    assert in_report == pytest.approx({"Express": 0.45, "default": 0.55}, rel=1e-2)
+    live_html = web(operator).get("/live/").content.decode()
+    assert re.search(r'data-testid="activity-share">45%<', live_html)
+    assert re.search(r'data-testid="activity-share">55%<', live_html)

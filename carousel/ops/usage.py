@@ -110,8 +110,11 @@ def drive_seconds(*, since, until, by="user", now=None):
     the users by their files in it (UsageDay, kept by triggers); given `now`, plus the time so
     far within the period of the jobs on the drives now (bounded by the jobs in flight), shared
     among their requests in flight, as the sharing policy holds them. A key is a user id or a
-    group id (0: requests of no group)."""
+    group id (0: requests of no group), or by="activity" an activity's name."""
     since, until = day_floor(since), day_ceil(until)
+    if by == "activity":  # the rolled-up rows carry no activity: read from the jobs and requests
+        seconds = _activity_drive(RestoreRequest.objects.all(), since, until, now)[1]
+        return seconds, sum(seconds.values())
     key = "user_id" if by == "user" else "group_key"
     seconds = {k: s for k, s in UsageDay.objects.filter(day__gte=since, day__lt=until).values(key)
                .annotate(s=Sum("drive_s")).order_by().values_list(key, "s") if s}
@@ -141,7 +144,7 @@ def usage_report(*, since, until, by="user", viewer=None, now=None):
         raise ValueError(f"by must be one of {', '.join(BY)}")
     since, until = day_floor(since), day_ceil(until)
     if by == "activity":
-        return _by_activity(since, until, viewer)
+        return _by_activity(since, until, viewer, now)
     key = "user_id" if by == "user" else "group_key"
     days = UsageDay.objects.filter(day__gte=since, day__lt=until)
     waits = UsageWait.objects.filter(day__gte=since, day__lt=until)
@@ -193,7 +196,37 @@ def usage_csv(report):
     return out.getvalue()
 
 
-def _by_activity(since, until, viewer):
+def _activity_drive(requests, since, until, now=None):
+    """({activity: mounts}, {activity: drive seconds}) of `requests` over [since, until): the
+    jobs that finished then, each one's time at the stager and its mount shared by its files, as
+    the rolled-up rows share them between users; given `now`, plus the time so far within the
+    period of the jobs on the drives now, shared among their requests in flight (as
+    drive_seconds does for users and groups)."""
+    shares = list(requests.filter(job__finished_at__gte=since, job__finished_at__lt=until, job__sent_at__isnull=False)
+                  .values_list("job_id", "activity").annotate(n=Count("id")).order_by())
+    spans = {j: (finished - sent).total_seconds() for j, sent, finished in
+             Job.objects.filter(id__in={j for j, _, _ in shares}).values_list("id", "sent_at", "finished_at")}
+    held = {}
+    if now is not None and since < now:
+        end = min(until, now)
+        for job, sent_at in Job.objects.filter(state=JobState.SENT, sent_at__lt=end).values_list("id", "sent_at"):
+            held[job] = (end - max(since, sent_at)).total_seconds()
+    on_drives = list(requests.filter(job_id__in=list(held), state__in=IN_FLIGHT_STATES).order_by()
+                     .values_list("job_id", "activity").annotate(n=Count("id"))) if held else []
+    files = {}
+    for job, _, n in shares + on_drives:
+        files[job] = files.get(job, 0) + n
+    mounts, drive = {}, {}
+    for job, activity, n in shares:
+        part = n / files[job]
+        mounts[activity] = mounts.get(activity, 0.0) + part
+        drive[activity] = drive.get(activity, 0.0) + max(0.0, spans.get(job, 0.0)) * part
+    for job, activity, n in on_drives:
+        drive[activity] = drive.get(activity, 0.0) + held[job] * n / files[job]
+    return mounts, drive
+
+
+def _by_activity(since, until, viewer, now=None):
     """Lines per activity, read from the requests and jobs of the period (the rolled-up rows do
     not carry activities): what retention has pruned is not counted. Counted by the database,
     per activity; mounts and drive seconds per (job, activity), the jobs that finished in the
@@ -215,18 +248,7 @@ def _by_activity(since, until, viewer):
                  expired=Count("id", filter=Q(state=RequestState.EXPIRED)),
                  **{f"failed_{c}": Count("id", filter=failed & Q(error_class=e)) for c, e in classes.items()}
              ).order_by()}
-    shares = list(requests.filter(job__finished_at__gte=since, job__finished_at__lt=until, job__sent_at__isnull=False)
-                  .values_list("job_id", "activity").annotate(n=Count("id")).order_by())
-    spans = {j: (finished - sent).total_seconds() for j, sent, finished in
-             Job.objects.filter(id__in={j for j, _, _ in shares}).values_list("id", "sent_at", "finished_at")}
-    files = {}
-    for job, _, n in shares:
-        files[job] = files.get(job, 0) + n
-    mounts, drive = {}, {}
-    for job, activity, n in shares:
-        part = n / files[job]
-        mounts[activity] = mounts.get(activity, 0.0) + part
-        drive[activity] = drive.get(activity, 0.0) + max(0.0, spans.get(job, 0.0)) * part
+    mounts, drive = _activity_drive(requests, since, until, now)
     total_drive = sum(drive.values())
     lines = []
     for name in sorted(set(asked) | set(ended) | set(drive)):

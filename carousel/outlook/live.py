@@ -13,7 +13,7 @@ from carousel.domain.selectors.summary import jobs_limit, stager_health
 from carousel.models import (
     IN_FLIGHT_STATES, Control, HourlyStats, Job, JobState, RequestState, RestoreRequest, StagerHealth, UserBacklog,
 )
-from carousel.outlook.shares import caps_and_weights, drive_time_shares, throughput_shares
+from carousel.outlook.shares import activity_shares, caps_and_weights, drive_time_shares, throughput_shares
 
 S = RequestState
 
@@ -67,11 +67,24 @@ class LiveFigures:
     users: list  # dicts: username, group, files, bytes, in_flight, share (of drive time); most files first
     users_with_work: int
     groups: list  # dicts: group, users, files, bytes, in_flight, share, drives, reserved_drives, max_drives
-    activities: list  # dicts: activity, in_flight, drive_s, drive_share, restored_last_hour (activity_figures)
+    activities: list  # dicts: activity, in_flight, drive_s, restored_last_hour (activity_figures), drive_share
     unlocated: tuple  # capped_count
     delivering: tuple  # capped_count
     series: list  # hourly_series
     share_period: str = ""  # the period of every share figure (outlook.shares.drive_time_shares)
+
+
+def _activities(now):
+    """The activities with work in flight, restored in the last hour or with drive time today:
+    what they hold now (activity_figures) and their share of drive time over the period the
+    page names (the one share, outlook/shares.py), not a share of the time held now."""
+    rows = {row["activity"]: row for row in activity_figures(now=now)}
+    share = activity_shares(now=now)
+    for name in set(share) - set(rows):
+        rows[name] = {"activity": name, "in_flight": 0, "drive_s": 0.0, "restored_last_hour": 0}
+    for name, row in rows.items():
+        row["drive_share"] = share.get(name, 0.0)
+    return sorted(rows.values(), key=lambda r: (-r["drive_share"], -r["drive_s"], r["activity"]))
 
 
 def live_figures(*, now):
@@ -125,6 +138,6 @@ def live_figures(*, now):
                   .order_by("sent", "tape__label")[:JOBS_SHOWN]),
         in_flight=sum(in_flight_by_user.values()),
         slots=control.files_per_job * jobs_limit(control, health["jobs_limit"]),
-        users=users, users_with_work=len(shares.group_of), groups=groups, activities=activity_figures(now=now),
+        users=users, users_with_work=len(shares.group_of), groups=groups, activities=_activities(now),
         unlocated=capped_count(queued), delivering=capped_count(RestoreRequest.objects.filter(state=S.DELIVERING)),
         series=hourly_series(now=now), share_period=drive.period)

@@ -108,6 +108,14 @@ def period_name(since, until, now):
     return f"{since:%Y-%m-%d} to {last:%Y-%m-%d} UTC"
 
 
+def activity_shares(*, now):
+    """{activity: its share of drive time} over the same period as drive_time_shares' default
+    (today so far): the same quantity per activity (the usage report's by-activity drive_share)."""
+    since = usage.day_floor(now)
+    seconds, total = usage.drive_seconds(since=since, until=since + timedelta(days=1), by="activity", now=now)
+    return {activity: usage.share_of(s, total) for activity, s in seconds.items()}
+
+
 def drive_time_shares(*, now, since=None, until=None):
     """Every user's and group's share of drive time over the whole UTC days from since to
     until (until excluded; default: today so far)."""

@@ -29,8 +29,9 @@ def held_drive_time(users=None):
 
 def activity_figures(*, now):
     """One dict per activity with work in flight or restored in the last hour: its requests in
-    flight, the drive time they hold (planned or on the drives, estimated) and its share of it,
-    and the files restored in the last hour. Most drive time first."""
+    flight, the drive time they hold (planned or on the drives, estimated) and the files
+    restored in the last hour. Most drive time first. (Their share of drive time over a period
+    is the one share of carousel/outlook/shares.py, not a share of the time held now.)"""
     figures = defaultdict(lambda: {"in_flight": 0, "drive_s": 0.0, "restored_last_hour": 0})
     for activity, n in (RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).order_by()
                         .values_list("activity").annotate(n=Count("id"))):
@@ -40,8 +41,6 @@ def activity_figures(*, now):
     for activity, n in (RestoreRequest.objects.filter(state=RequestState.DONE, finished_at__gte=now - timedelta(hours=1))
                         .order_by().values_list("activity").annotate(n=Count("id"))):
         figures[activity]["restored_last_hour"] = n
-    total = sum(f["drive_s"] for f in figures.values())
-    rows = [{"activity": name, **f, "drive_share": f["drive_s"] / total if total else 0.0}
-            for name, f in figures.items()]
+    rows = [{"activity": name, **f} for name, f in figures.items()]
     rows.sort(key=lambda r: (-r["drive_s"], r["activity"]))
     return rows
