@@ -80,6 +80,13 @@ def operator(db):
 
 
 @pytest.fixture
+def library_speedup():
+    """How many times faster than life the live tests' simulated library runs (tests/live.py's
+    `carousel`; a module may override it)."""
+    return 2000
+
+
+@pytest.fixture
 def as_staff(client, operator):
     """The admin's pages as the operator with every power (a superuser)."""
     operator.is_superuser = True

@@ -87,12 +87,6 @@ def client_venv():
 
 
 @pytest.fixture
-def library_speedup():
-    """How many times faster than life the simulated library runs (a module overrides it)."""
-    return 2000
-
-
-@pytest.fixture
 def carousel(live_server, open_dir, settings, library_speedup):
     from carousel.models import Control
 
