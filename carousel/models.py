@@ -782,6 +782,9 @@ class RestoreRequest(models.Model):
             # whether another pin holds the copy). Partial: only done requests with a pin.
             models.Index(fields=["path_key", "pin_until"], name="request_pinned_path",
                          condition=Q(pin_until__isnull=False)),
+            # The requests served from a job's copy: retention keeps a job they name (its release
+            # is still to be sent when their pins end).
+            models.Index(fields=["copy_job"], name="request_copy_job", condition=Q(copy_job__isnull=False)),
             models.Index(fields=["delivery_fs", "delivery_started_at"], name="request_delivering",
                          condition=Q(state=S.DELIVERING)),
             models.Index(fields=["created_at"], name="request_unlocated",

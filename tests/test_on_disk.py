@@ -12,10 +12,11 @@ from django.forms.models import model_to_dict
 from django.test import override_settings
 from django.utils import timezone
 
-from carousel.domain import intake
+from carousel.domain import intake, pins
 from carousel.infra import queue
 from carousel.domain.services import restore_submit
 from carousel.loop.cycle import run_cycle
+from carousel.ops.retention import prune
 from carousel.models import Bulk, Job, RequestState as S, RestoreRequest
 from carousel.stagers.base import FileStatus
 from carousel.stagers.immediate import ImmediateStager
@@ -131,6 +132,31 @@ def test_a_copy_is_released_once_the_last_pin_runs_out(alices, bob, stager):
     assert stager.released == [(f"im-{alices.job_id}", [PATH])]
 
 
+def test_retention_keeps_the_job_a_live_pin_was_served_from(alices, alice, bob, as_alice, stager):
+    """Alice's request ends and is pruned while bob's pin on her copy lives: the job that made
+    the copy stays, so that bob's pin's end still sends its release."""
+    restore_submit(user=bob, paths=[PATH], now=timezone.now(), pin_lifetime=timedelta(days=60))
+    assert as_alice.post("/api/v1/requests/release/", {"paths": [PATH]}, format="json").json() == {"released": 1}
+    later = timezone.now() + timedelta(days=30)
+    pruned = prune(now=later, older_than=timedelta(days=14))
+    assert pruned.requests == 1 and not RestoreRequest.objects.filter(user=alice).exists()
+    assert Job.objects.filter(id=alices.job_id).exists()
+    run_cycle(now=timezone.now() + timedelta(days=61), stager=stager)
+    assert stager.released == [(f"im-{alices.job_id}", [PATH])]
+
+
+def test_a_file_served_to_a_submission_without_a_pin_lifetime_is_held_as_long_as_the_copy_was(alices, bob, stager):
+    """No lifetime asked (the API's and the form's default): the served request still holds a
+    pin, up to the end of the pin it was served from, so that pin's early end does not take
+    the copy from under a user just told it is on disk."""
+    restore_submit(user=bob, paths=[PATH], now=timezone.now())
+    mine = RestoreRequest.objects.get(user=bob)
+    assert mine.state == S.DONE and mine.pin_until == alices.pin_until
+    pins.release_pins(user=alices.user, paths=[PATH], now=timezone.now())
+    run_cycle(now=timezone.now() + timedelta(seconds=5), stager=stager)
+    assert stager.released == []
+
+
 @pytest.mark.parametrize("how", ["released", "expired"])
 def test_a_file_whose_pin_ended_is_read_again(alices, alice, bob, stager, how):
     from carousel.domain.pins import release_pins
@@ -153,6 +179,8 @@ def test_a_submission_with_a_destination_goes_through_the_delivery_step(
     restore_submit(user=bob, paths=[PATH], now=timezone.now(), destination=str(destination), pin_lifetime=HOUR)
     mine = RestoreRequest.objects.get(user=bob)
     assert mine.state == S.DELIVERING and mine.staged_path == alices.staged_path and mine.pin_until is None
+    # Started, as the doors show it (Tape REST's startedAt is an integer, never null).
+    assert mine.submitted_at is not None and mine.started_at is not None
     with django_capture_on_commit_callbacks(execute=True):
         run_cycle(now=timezone.now() + timedelta(seconds=5), stager=stager)
     mine.refresh_from_db()
@@ -237,6 +265,7 @@ def test_a_big_submission_with_a_destination_hands_the_pinned_copy_to_the_delive
     mine = RestoreRequest.objects.get(user=bob, path=PATH)
     assert mine.state == S.DELIVERING and mine.staged_path == alices.staged_path and mine.delivery_fs.startswith("dev:")
     assert mine.pin_until is None and mine.finished_at is None and mine.copy_job == alices.job_id
+    assert mine.submitted_at is not None and mine.started_at is not None
     assert set(RestoreRequest.objects.filter(user=bob).exclude(path=PATH).values_list("state", flat=True)) == {S.QUEUED}
 
 

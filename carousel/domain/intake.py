@@ -79,11 +79,12 @@ def queue_new(bulk, pairs, shared, now):
     def row(path, key):
         copy = pinned.get(key) if pinned else None
         if copy:
-            job_id, staged_path, size, tape_id, position = copy
+            job_id, staged_path, size, tape_id, position, copy_pin = copy
             if disk_state == RequestState.DELIVERING:
                 staged_path = staged_path or path  # the copy lies at the file's own path
+            pin = pin_until or (copy_pin if finished else None)
             return (*common, path, key, *options, disk_state, 0, "", "", None, 0, bulk.created_at, now,
-                    None, None, size, tape_id, position, finished, pin_until, staged_path, disk_fs, job_id)
+                    now, now, size, tape_id, position, finished, pin, staged_path, disk_fs, job_id)
         joined = shared.get(key)
         if joined:
             state, job_id, job_rank, submitted_at, started_at = joined
@@ -147,9 +148,10 @@ _LIST_OWN = f"""
 # again. In the submission's order. (f: the file's active request found first in flight, by its
 # id; the states are tested in the columns, not in the look-up: a condition on the in-flight
 # states there lets the planner walk every request in flight for each file.) The parameters, in
-# order (queue_rest): the state of a file served from disk, now (updated_at), the flag and time
-# of its finished_at, of its pin_until, whether it is delivered, its file system, the pins'
-# cut-off (now), the submission.
+# order (queue_rest): the state of a file served from disk, now (updated_at), now (its
+# submitted_at and started_at), the flag and time of its finished_at, the flag of its pin_until
+# and its own (none: until the copy's pin would have ended), whether it is delivered, its file
+# system, the pins' cut-off (now), the submission.
 _STAGED = f"f.state IN ({_states(IN_FLIGHT_STATES)})"
 _JOINED = f"p.id IS NULL AND {_STAGED}"
 _QUEUE_REST = f"""
@@ -160,9 +162,10 @@ _QUEUE_REST = f"""
            CASE WHEN p.id IS NOT NULL THEN %s WHEN {_STAGED} THEN f.state ELSE '{RequestState.QUEUED}' END, 0, '', '',
            CASE WHEN {_JOINED} THEN f.job_id END,
            CASE WHEN {_JOINED} THEN f.job_rank ELSE 0 END,
-           b.created_at, %s, CASE WHEN {_JOINED} THEN f.submitted_at END, CASE WHEN {_JOINED} THEN f.started_at END,
+           b.created_at, %s, CASE WHEN p.id IS NOT NULL THEN %s WHEN {_JOINED} THEN f.submitted_at END,
+           CASE WHEN p.id IS NOT NULL THEN %s WHEN {_JOINED} THEN f.started_at END,
            p.size, p.tape_id, p.position,
-           CASE WHEN p.id IS NOT NULL AND %s THEN %s END, CASE WHEN p.id IS NOT NULL AND %s THEN %s END,
+           CASE WHEN p.id IS NOT NULL AND %s THEN %s END, CASE WHEN p.id IS NOT NULL AND %s THEN COALESCE(%s, p.pin_until) END,
            CASE WHEN p.id IS NULL THEN '' WHEN %s THEN COALESCE(NULLIF(p.staged_path, ''), i.path)
                 ELSE p.staged_path END,
            CASE WHEN p.id IS NOT NULL THEN %s ELSE '' END, COALESCE(p.job_id, p.copy_job)
@@ -196,9 +199,9 @@ def queue_rest(bulk, now):
     state, fs, finished, pin_until = _from_disk(bulk, now)
     # The pinned copies read are locked until the move commits (ondisk.py); SQLite has one writer.
     sql = _QUEUE_REST.replace("/*lock*/", "FOR SHARE" if db.is_postgres() else "")
-    return sql, [state, at, finished is not None, at, pin_until is not None,
-                 connection.ops.adapt_datetimefield_value(pin_until or now), state == RequestState.DELIVERING, fs,
-                 at, Bulk._meta.pk.get_db_prep_value(bulk.id, connection)]
+    return sql, [state, at, at, at, finished is not None, at, finished is not None,
+                 connection.ops.adapt_datetimefield_value(pin_until) if pin_until else None,
+                 state == RequestState.DELIVERING, fs, at, Bulk._meta.pk.get_db_prep_value(bulk.id, connection)]
 
 
 def settle(bulk_id, *, now=None, wait=True):

@@ -4,7 +4,8 @@ A new request for a file whose restored copy another request still pins (done, i
 not passed) is answered by the submission itself: done at once with that copy's disk path, or,
 when its submission names a destination and the delivery step moves files, handed to the normal
 delivery step (delivering, from that copy). It holds a pin of its own (its own pin_lifetime,
-from now) and names the job whose stage made the copy (copy_job; it is in no job itself), so
+from now; without one, until the pin it was served from would have ended: the user was told the
+file is on disk, and that pin's early release must not take the copy away) and names the job whose stage made the copy (copy_job; it is in no job itself), so
 that whichever pin ends last has the stager release the copy (carousel/domain/pins.py: a release waits while any pin on the file
 lives). The pinning request is read, never changed: it is locked FOR SHARE for the rest of the
 submission's transaction, so a release of it either commits first (and the file is read again)
@@ -37,7 +38,7 @@ def arrival(destination, delivery=None):
 
 
 def pinned_copies(keys, *, now):
-    """{path_key hex: (the copy's job id, staged path, size, tape id, position)} of the files of `keys`
+    """{path_key hex: (the copy's job id, staged path, size, tape id, position, pin_until)} of the files of `keys`
     (hex digests) whose restored copy a request still pins; the one pinned longest where
     several are. The pinning requests are locked FOR SHARE until the caller's transaction ends
     (see above). One statement, by the index request_pinned_path."""
@@ -62,4 +63,4 @@ def pinned_copies(keys, *, now):
         key = key.hex if hasattr(key, "hex") else str(key).replace("-", "")
         if key not in longest or pin_until > longest[key][0]:  # (SQLite: ISO text, same order)
             longest[key] = (pin_until, tuple(copy))
-    return {key: copy for key, (_, copy) in longest.items()}
+    return {key: (*copy, pin_until) for key, (pin_until, copy) in longest.items()}

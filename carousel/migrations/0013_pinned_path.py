@@ -19,4 +19,9 @@ class Migration(migrations.Migration):
             index=models.Index(condition=models.Q(('pin_until__isnull', False)), fields=['path_key', 'pin_until'],
                                name='request_pinned_path'),
         ),
+        migrations.AddIndex(
+            model_name='restorerequest',
+            index=models.Index(condition=models.Q(('copy_job__isnull', False)), fields=['copy_job'],
+                               name='request_copy_job'),
+        ),
     ]

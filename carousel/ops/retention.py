@@ -63,9 +63,12 @@ def prune(*, now, older_than=None, batch=None, budget_s=None):
     old_transitions = Transition.objects.filter(at__lt=cutoff).order_by("at")
     for counts in _batches(old_transitions, batch=batch, deadline=deadline, pruned=pruned):
         pruned.transitions += counts.get(Transition._meta.label, 0)
-    # A finished job still named by a request (one kept for a reason of its own) stays.
+    # A finished job still named by a request (one kept for a reason of its own) stays, and so
+    # does one whose copy a kept request was served from (copy_job): the release its pins' end
+    # sends names that job.
     jobs = (Job.objects.filter(state__in=FINISHED_JOB_STATES, finished_at__lt=cutoff)
-            .exclude(Exists(RestoreRequest.objects.filter(job=OuterRef("pk")))).order_by("finished_at"))
+            .exclude(Exists(RestoreRequest.objects.filter(job=OuterRef("pk"))))
+            .exclude(Exists(RestoreRequest.objects.filter(copy_job=OuterRef("pk")))).order_by("finished_at"))
     for counts in _batches(jobs, batch=batch, deadline=deadline, pruned=pruned):
         pruned.jobs += counts.get(Job._meta.label, 0)
     # A submission goes once none of its requests is left: those it created carry it on their row,
