@@ -2,9 +2,13 @@
 restored copy another user's request still pins is answered at once through either door (the
 native API, the Tape REST door), with its own pin, and the copy stays while any pin on it lives;
 a file the stager says is on its disk is completed without a stage request."""
+import os
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection, connections, transaction
@@ -27,6 +31,7 @@ from tests.fakes.tape_rest_server import TapeRestServer
 pytestmark = pytest.mark.django_db
 HOUR = timedelta(hours=1)
 PATH = "/star/raw/a.daq"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class DiskStager(ImmediateStager):
@@ -319,3 +324,35 @@ def test_a_move_and_a_release_sharing_pinned_copies_take_them_in_one_order(trans
     mover.join(10)
     assert not errors and not mover.is_alive()
     assert set(RestoreRequest.objects.filter(user=bob).values_list("state", flat=True)) == {S.DONE}
+
+
+SQLITE_SERVED = """
+import warnings; warnings.simplefilter("error", RuntimeWarning)
+import django; django.setup()
+from datetime import timedelta
+from django.core.management import call_command; call_command("migrate", verbosity=0)
+from django.db import connection; assert connection.vendor == "sqlite"
+from django.utils import timezone
+from carousel.domain.services import restore_submit
+from carousel.models import RestoreRequest
+from tests.conftest import make_user
+alice, bob, now = make_user("alice", "analysis"), make_user("bob", "analysis"), timezone.now()
+restore_submit(user=alice, paths=["/star/raw/a.daq"], now=now)
+RestoreRequest.objects.filter(user=alice).update(state="done", finished_at=now, staged_path="/disk/a.daq",
+                                                 pin_until=now + timedelta(hours=1))
+restore_submit(user=bob, paths=["/star/raw/a.daq"], now=now)
+mine = RestoreRequest.objects.get(user=bob)
+assert mine.state == "done" and mine.pin_until == now + timedelta(hours=1), (mine.state, mine.pin_until)
+print("served OK")
+"""
+
+
+def test_on_the_embedded_sqlite_default_a_served_pin_is_the_copys_own_moment(tmp_path):
+    """SQLite gives the copy's pin back from the raw look-up as naive UTC text: the served
+    request's pin must be that moment, not a naive time Django would take for the site's zone
+    (a RuntimeWarning, an error here)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(CAROUSEL_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="carousel.settings")
+    done = subprocess.run([sys.executable, "-c", SQLITE_SERVED], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "served OK" in done.stdout, done.stderr[-3000:]

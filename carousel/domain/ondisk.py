@@ -17,7 +17,11 @@ job (carousel/loop/locating.py, carousel/loop/progress.py's requests_on_disk).
 
 The submission's side is in intake.py: queue_new (small submissions) and the intake's move
 (_QUEUE_REST, in SQL, for the big ones), both through `pinned_copies` / its SQL twin."""
+from datetime import timezone as dt_timezone
+
 from django.db import connection
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from carousel.infra import db, plugins
 from carousel.models import RequestState as S, RestoreRequest
@@ -63,4 +67,12 @@ def pinned_copies(keys, *, now):
         key = key.hex if hasattr(key, "hex") else str(key).replace("-", "")
         if key not in longest or pin_until > longest[key][0]:  # (SQLite: ISO text, same order)
             longest[key] = (pin_until, tuple(copy))
-    return {key: (*copy, pin_until) for key, (pin_until, copy) in longest.items()}
+    return {key: (*copy, _aware(pin_until)) for key, (pin_until, copy) in longest.items()}
+
+
+def _aware(moment):
+    """A pin's end as read by the raw statement: SQLite gives UTC as naive text (Django stores
+    it so), which a new row's pin would otherwise take for the site's time zone."""
+    if isinstance(moment, str):
+        moment = parse_datetime(moment)
+    return timezone.make_aware(moment, dt_timezone.utc) if timezone.is_naive(moment) else moment
