@@ -120,3 +120,23 @@ def as_bob(bob):
 @pytest.fixture
 def as_operator(operator):
     return client_for(operator)
+
+
+def a_backend_waits_for_a_lock(timeout=10.0):
+    """Whether, within `timeout` s, a connection to this test database waits for a lock (another
+    thread's statement blocked on a row this test holds). The statistics views are read anew
+    each time: within a transaction PostgreSQL would keep showing the first reading."""
+    import time
+
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()")
+            if cursor.fetchone()[0]:
+                return True
+            time.sleep(0.05)
+    return False

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from carousel.stagers.base import FileStatus
 from carousel.stagers.immediate import ImmediateStager
 from carousel.stagers.tape_rest import TapeRestStager
 from tests import counters_scenario
+from tests.conftest import a_backend_waits_for_a_lock
 from tests.fakes.tape_rest_server import TapeRestServer
 
 pytestmark = pytest.mark.django_db
@@ -274,19 +274,6 @@ def test_a_big_submission_with_a_destination_hands_the_pinned_copy_to_the_delive
     assert set(RestoreRequest.objects.filter(user=bob).exclude(path=PATH).values_list("state", flat=True)) == {S.QUEUED}
 
 
-def _a_backend_of_this_database_waits_for_a_lock():
-    with connection.cursor() as cursor:
-        for _ in range(200):
-            # Within a transaction the statistics views are read once and kept: read them anew.
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND datname = current_database()")
-            if cursor.fetchone()[0]:
-                return True
-            time.sleep(0.05)
-    return False
-
-
 def test_a_move_and_a_release_sharing_pinned_copies_take_them_in_one_order(transactional_db, alice, bob, stager,
                                                                          monkeypatch):
     """A release locks the pins it ends in id order (pins._end_pins); the intake's move must
@@ -318,7 +305,7 @@ def test_a_move_and_a_release_sharing_pinned_copies_take_them_in_one_order(trans
     with transaction.atomic():  # a release half way: it holds the first pin, in id order
         list(RestoreRequest.objects.filter(id=low).select_for_update(no_key=True))
         mover.start()
-        assert _a_backend_of_this_database_waits_for_a_lock()
+        assert a_backend_waits_for_a_lock()
         # Its next lock, the pin after it: the move, waiting for the first, holds none yet.
         list(RestoreRequest.objects.filter(id=high).select_for_update(no_key=True, nowait=True))
     mover.join(10)

@@ -2,7 +2,6 @@
 while a job's submit() is under way is withdrawn; stager calls are sent by one sender at a time
 in a process, and the calls a slow stager did not reach are not due again at once."""
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -15,6 +14,7 @@ from carousel.loop.cycle import run_cycle
 from carousel.loop.withdrawals import LEASE_S, send_stager_calls
 from carousel.models import Job, JobState, RestoreRequest, StagerCall
 from carousel.stagers.immediate import ImmediateStager
+from tests.conftest import a_backend_waits_for_a_lock
 
 SECOND = timedelta(seconds=1)
 
@@ -121,7 +121,7 @@ class CancelWhileAcknowledged(ImmediateStager):
                 with transaction.atomic():
                     list(RestoreRequest.objects.filter(path=self.path).select_for_update())
                     locked.set()
-                    _wait_until_a_backend_waits_for_a_lock()
+                    a_backend_waits_for_a_lock()
                     RestoreRequest.objects.filter(path=self.path).update(
                         state="cancelled", finished_at=timezone.now(), updated_at=timezone.now())
             except Exception as exc:  # noqa: BLE001 - the test reads it
@@ -139,15 +139,6 @@ class CancelWhileAcknowledged(ImmediateStager):
 
     def cancel(self, backend_id, paths):
         self.cancelled.append(sorted(paths))
-
-
-def _wait_until_a_backend_waits_for_a_lock():
-    with connection.cursor() as cursor:
-        for _ in range(200):
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-            if cursor.fetchone()[0]:
-                return
-            time.sleep(0.05)
 
 
 def test_a_cancel_holding_the_jobs_request_neither_deadlocks_nor_escapes_withdrawal(transactional_db, alice):
