@@ -13,6 +13,11 @@ def pytest_configure(config):
     # The suite runs against real servers; `make test` starts them (carousel/infra/localservices.py).
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         raise pytest.UsageError("tests need PostgreSQL: run `make test`, or set DATABASE_URL and REDIS_URL")
+    # Before any user is made (tests/hashers.py says why); only this process: the servers a
+    # test starts keep the shipped hashers, which verify these hashes too.
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = ["tests.hashers.OneRoundPBKDF2", *settings.PASSWORD_HASHERS]
 
 
 @pytest.fixture(autouse=True)
