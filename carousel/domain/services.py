@@ -311,6 +311,8 @@ def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCEL
         # two lockers of the same rows in one order wait for each other, never deadlock.
         ids = list(queryset.filter(state__in=ACTIVE_STATES).order_by("id").select_for_update(of=("self",), no_key=True)
                    .values_list("id", flat=True))
+        if not ids:
+            return 0, []  # nothing active to cancel (the loop's expiry, most cycles)
         locked = RestoreRequest.objects.filter(id__in=ids)
         in_flight = list(
             locked.filter(state__in=IN_FLIGHT_STATES, job__isnull=False).values_list("job_id", "path_key", "path")
