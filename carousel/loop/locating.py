@@ -43,7 +43,8 @@ def locate_new_work(*, now, stager, control):
     the drives' time from now on). The bound keeps a slow stager from holding one cycle for
     ever behind a backlog of millions."""
     located = 0
-    calls = max(1, -(-settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION // control.locate_batch))
+    # Most cycles nothing waits to be located: one probe instead of the batch's two reads.
+    calls = max(1, -(-settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION // control.locate_batch)) if any_unlocated() else 0
     for _ in range(calls):
         n, took_new = _locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
         located += n
