@@ -121,6 +121,8 @@ def _lanes(backlog, group_of):
         for user, name in rows:
             found[user].append(name)
             last[user] = name
+    if not found:
+        return {}  # nobody has ready work: the activities' table is not needed
     table = activities.table()
     lanes = {}
     for user, names in found.items():

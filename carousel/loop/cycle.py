@@ -103,8 +103,11 @@ def _steps(*, now, stager, control, report):
     report.expired = expire_requests(now=now)
     report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)
     # What the stager says: progress, and from it the judgement of its health.
-    seen = collect_progress(now=now, stager=stager, control=control, report=report)
-    state = judge_stager(now=now, seen=seen, control=control)
+    # The stager's health row, read once for both (only judge_stager writes its state).
+    health = StagerHealth.get()
+    seen = collect_progress(now=now, stager=stager, control=control, report=report,
+                            was_down=health.state == h.DOWN)
+    state = judge_stager(now=now, seen=seen, control=control, row=health)
     # Jobs past their deadline free their drives' chains before this cycle plans more, whatever
     # the judgement: a job the stager lost is what makes it look stalled, and a stalled stager
     # is sent nothing new, so a deadline that waited for health would never come. A job is given
@@ -116,7 +119,7 @@ def _steps(*, now, stager, control, report):
     # Taking back and letting go: pins that ran out, then the recorded withdrawals and releases
     # (never while the stager is down, never holding the cycle up).
     end_expired_pins(now=now)
-    report.stager_calls = send_stager_calls(now=now, stager=stager)
+    report.stager_calls = send_stager_calls(now=now, stager=stager, down=state.state == h.DOWN)
     # Copies to users, and the notices of finished submissions (mailed by their own task: a mail
     # server that hangs never holds the cycle).
     report.delivering = dispatch_deliveries(now=now, control=control)
@@ -130,7 +133,8 @@ def _work(*, now, stager, control, state, report):
     try:
         report.located = locate_new_work(now=now, stager=stager, control=control)
         status = stager.status() or {}
-        StagerHealth.objects.filter(id=1).update(status=status, status_at=now)
+        StagerHealth.objects.filter(id=1).update(status=status, status_at=now, disk_free_bytes=status.get(
+            "disk_free_bytes"), disk_total_bytes=status.get("disk_total_bytes"))
         budget = disk_budget(status=status, control=control)
         sort, share = sort_policy(control.sort_policy), share_policy(control.share_policy)
         turns = turn_policy()
@@ -170,9 +174,10 @@ def _work(*, now, stager, control, state, report):
     return state
 
 
-def judge_stager(*, now, seen, control):
-    """Record what this cycle saw of the stager and return the judgement (carousel/loop/health.py)."""
-    row = StagerHealth.get()
+def judge_stager(*, now, seen, control, row=None):
+    """Record what this cycle saw of the stager and return the judgement (carousel/loop/health.py).
+    row: the StagerHealth row, if the caller has just read it."""
+    row = row or StagerHealth.get()
     before = h.Health(state=row.state, limit=row.jobs_limit or 0, healthy_limit=row.healthy_limit or 0,
                       reason=row.reason)
     after = h.judge(before, seen, ceiling=control.jobs_in_flight, failure_ratio=control.failure_ratio)
@@ -189,9 +194,8 @@ def judge_stager(*, now, seen, control):
 def disk_budget(*, status, control):
     """The bytes new jobs may still bring to the stager's disk buffer before its projected
     use reaches the threshold (None: the stager does not report its buffer). `status`: the
-    stager's status()."""
+    stager's status(), which the caller records on the StagerHealth row."""
     free, total = status.get("disk_free_bytes"), status.get("disk_total_bytes")
-    StagerHealth.objects.filter(id=1).update(disk_free_bytes=free, disk_total_bytes=total)
     if not total or free is None:
         return None
     # What was sent but is not on disk yet will take room there too.

@@ -145,6 +145,8 @@ def dispatch_deliveries(*, now, control):
     file system; each batch runs in a worker task. A delivery started longer ago than its lease
     (its worker died) is started again."""
     waiting = RestoreRequest.objects.filter(state=S.DELIVERING)
+    if not waiting.exists():
+        return 0  # most cycles: one indexed look
     waiting.filter(delivery_started_at__lt=now - timedelta(seconds=DELIVERY_LEASE_S)).update(
         delivery_started_at=None)
     running = dict(waiting.filter(delivery_started_at__isnull=False).order_by().values_list("delivery_fs")

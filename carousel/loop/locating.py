@@ -43,10 +43,13 @@ def locate_new_work(*, now, stager, control):
     the drives' time from now on). The bound keeps a slow stager from holding one cycle for
     ever behind a backlog of millions."""
     located = 0
-    calls = max(1, -(-settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION // control.locate_batch))
+    # Most cycles nothing waits to be located: one probe instead of the batch's two reads.
+    calls = max(1, -(-settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION // control.locate_batch)) if any_unlocated() else 0
     for _ in range(calls):
-        located += locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
-        if not RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=True).exists():
+        n, took_new = _locate_requests(now=now, stager=stager, limit=control.locate_batch, control=control)
+        located += n
+        # A batch that took no new request found none waiting: no need to look again.
+        if not took_new or not RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=True).exists():
             break
     locate_wanted(now=now, stager=stager, limit=control.locate_batch)
     return located
@@ -57,6 +60,8 @@ def locate_wanted(*, now, stager, limit):
     never-asked first, then oldest. What is found is recorded; a path answered at all (found, or an error that is
     not "try later") is no longer wanted; one the stager cannot tell yet goes to the back of the
     line, and is dropped a day after it was first asked for."""
+    if not WantedLocation.objects.exists():
+        return 0  # most cycles: nobody asked
     WantedLocation.objects.filter(wanted_at__lt=now - WANTED_FOR).delete()
     rows = list(WantedLocation.objects.order_by(F("asked_at").asc(nulls_first=True), "wanted_at", "id")
                 .values_list("id", "path", "path_key")[:limit])
@@ -76,7 +81,12 @@ def locate_wanted(*, now, stager, limit):
 
 def locate_requests(*, now, stager, limit, control=None):
     """Learn the tape, position and size of queued requests not located yet (one stager call
-    of at most `limit` paths)."""
+    of at most `limit` paths). Returns how many were located."""
+    return _locate_requests(now=now, stager=stager, limit=limit, control=control)[0]
+
+
+def _locate_requests(*, now, stager, limit, control=None):
+    """locate_requests, and whether its batch took any request never asked about before."""
     again = list(RestoreRequest.objects.filter(UNLOCATED, locate_attempts__isnull=False, locate_after__lte=now)
                  .order_by("locate_after").values_list("id", "path", "path_key")[:limit])
     room = limit - min(len(again), limit // 2)
@@ -84,7 +94,7 @@ def locate_requests(*, now, stager, limit, control=None):
                .order_by("created_at", "id").values_list("id", "path", "path_key")[:room])
     batch = again[:limit - len(new)] + new
     if not batch:
-        return 0
+        return 0, False
     keys = {k for _, _, k in batch}
     known = set(FileLocation.objects.filter(path_key__in=keys).values_list("path_key", flat=True))
     unknown = sorted({p for _, p, k in batch if k not in known})
@@ -117,7 +127,7 @@ def locate_requests(*, now, stager, limit, control=None):
         # On the stager's disk already: done (or to delivery) now, no tape job (domain/ondisk.py).
         requests_on_disk(RestoreRequest.objects.filter(id__in=[i for i, p, _ in batch if p in on_disk],
                                                        state=S.QUEUED), on_disk, now=now)
-    return located
+    return located, bool(new)
 
 
 def _ask_again_later(unsure, *, now, control):

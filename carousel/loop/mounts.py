@@ -475,12 +475,14 @@ def preempt(*, now, stager, control):
     to pieces. Returns the files withdrawn."""
     if control.preempt_after_s <= 0:
         return 0
+    candidates = list(Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT,
+                                         created_at__lte=now - timedelta(seconds=control.preempt_after_s))
+                      .select_related("after").order_by("created_at", "rank")[:20])
+    if not candidates:
+        return 0  # most cycles: no short mount waits behind another, and the gap needs no look
     last = StagerHealth.objects.values_list("preempted_at", flat=True).first()
     if last is not None and (now - last).total_seconds() < control.preempt_gap_s:
         return 0
-    candidates = (Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT,
-                                     created_at__lte=now - timedelta(seconds=control.preempt_after_s))
-                  .select_related("after").order_by("created_at", "rank")[:20])
     for waiting in candidates:
         # The mount it waits for is the piece its predecessor belongs to: that tape's jobs sent
         # on that chain. Only a long one is cut.

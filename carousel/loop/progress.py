@@ -71,15 +71,18 @@ def requeue_orphans(*, now):
     return n
 
 
-def collect_progress(*, now, stager, control, report):
+def collect_progress(*, now, stager, control, report, was_down=None):
     """Poll the jobs in flight and move their requests on; return what was seen of the
     stager. While it is down, one job is polled as a probe: one call a cycle, however many
     jobs wait, and the full poll follows in the same cycle once it answers. A cycle costs one
-    query for all the jobs' files, and writes only for the files whose state changed."""
+    query for all the jobs' files, and writes only for the files whose state changed.
+    was_down: whether the stager is judged down (read here when not given)."""
+    if was_down is None:
+        was_down = StagerHealth.get().state == h.DOWN
     jobs = {str(j.id): j for j in Job.objects.filter(state=JobState.SENT).select_related("tape")
             .order_by("sent_at")}
     if not jobs:
-        if StagerHealth.get().state != h.DOWN:
+        if not was_down:
             return h.Observation()
         try:  # down with nothing in flight: one cheap call tells whether it is back
             stager.status()
@@ -92,7 +95,6 @@ def collect_progress(*, now, stager, control, report):
         Job.objects.filter(id=job_id).update(state=JobState.DONE, finished_at=now)
         del jobs[job_id]
     specs = [job_spec(job, files[job_id]) for job_id, job in jobs.items()]
-    was_down = StagerHealth.get().state == h.DOWN
     try:
         if specs and was_down:
             stager.poll(specs[:1])

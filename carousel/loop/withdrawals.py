@@ -41,9 +41,12 @@ def expire_requests(*, now):
 _sending = threading.Lock()
 
 
-def send_stager_calls(*, now, stager, limit=CALLS_PER_CYCLE, budget_s=CALLS_BUDGET_S):
-    """Send the stager calls that are due, oldest first. Returns how many it confirmed."""
-    if StagerHealth.get().state == h.DOWN:
+def send_stager_calls(*, now, stager, limit=CALLS_PER_CYCLE, budget_s=CALLS_BUDGET_S, down=None):
+    """Send the stager calls that are due, oldest first. Returns how many it confirmed.
+    down: whether the stager is judged down (the cycle has just judged it; else read here)."""
+    if down is None:
+        down = StagerHealth.get().state == h.DOWN
+    if down:
         return 0  # the loop's probe says when it is back; until then the calls wait
     if not _sending.acquire(blocking=False):
         return 0  # the previous send is still waiting on the stager; its calls stay leased
