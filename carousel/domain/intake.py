@@ -213,6 +213,7 @@ def settle(bulk_id, *, now=None, wait=True):
     The move is two INSERT ... SELECT statements in the database (the files never travel to
     Python and back: for 100,000 files that round trip was most of the move)."""
     now = now or timezone.now()
+    db.fresh_statistics(REQUESTS)
     with transaction.atomic():
         bulk = Bulk.objects.select_for_update(skip_locked=not wait).filter(pk=bulk_id, pending__gt=0).first()
         if bulk is None:
