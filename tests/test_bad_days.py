@@ -495,3 +495,32 @@ def test_the_database_going_away_mid_cycle_is_an_outage_not_a_stager_or_preempti
     monkeypatch.setattr(cycle, step, gone)
     with pytest.raises(OperationalError):
         run_cycle(now=now, stager=ImmediateStager())
+
+
+class GarbageStager(FlakyStager):
+    """Polls answered with something that is not a mapping of jobs while `garbage` is set."""
+
+    garbage = False
+
+    def poll(self, jobs):
+        answers = super().poll(jobs)
+        return [answers] if self.garbage else answers
+
+
+def test_a_poll_answer_that_is_not_a_mapping_is_no_answer_and_the_cycle_goes_on(alice, now):
+    """A backend that answered a list (the fault simulator's garbage) stopped the whole cycle
+    ("the cycle stopped: AttributeError"), every step after the poll with it, each cycle while it
+    lasted. It is now taken as no answer, as an exception from the backend is."""
+    restore_submit(user=alice, now=now, paths=["/garbage/a"])
+    stager = GarbageStager()
+    stager.answer = "staging"
+    run_cycle(now=now, stager=stager)
+    request = RestoreRequest.objects.get(path="/garbage/a")
+    assert request.job_id is not None
+    stager.garbage = True
+    report = run_cycle(now=now + 10 * SECOND, stager=stager)
+    assert not report.error and report.health == "down", report.error
+    assert RestoreRequest.objects.get(path="/garbage/a").job_id == request.job_id  # not lost, not requeued
+    stager.garbage, stager.answer = False, "done"
+    run_cycle(now=now + 20 * SECOND, stager=stager)
+    assert RestoreRequest.objects.get(path="/garbage/a").state == "done"

@@ -1,6 +1,7 @@
 """Progress: poll the jobs in flight and move their requests on (staging, delivering, done,
 retry, failed); tell the health judgement what was seen of the stager."""
 import logging
+from collections.abc import Mapping
 
 from django.db import transaction
 from django.db.models import Case, F, Max, TextField, Value, When
@@ -99,6 +100,8 @@ def collect_progress(*, now, stager, control, report, was_down=None):
         if specs and was_down:
             stager.poll(specs[:1])
         answers = stager.poll(specs) if specs else {}
+        if not isinstance(answers, Mapping):  # a broken backend's answer: not one it gave
+            raise TypeError(f"poll answered a {type(answers).__name__}, not jobs and their files")
     except Exception as exc:  # noqa: BLE001 - whatever the backend raised, it did not answer
         log_unexpected(exc, "polling")
         return h.Observation(reachable=False, error=f"poll: {exc}")
