@@ -32,6 +32,16 @@ def test_seed_5126_leaves_no_request_queued(transactional_db):
     assert result.violation is None, str(result.violation)
 
 
+# Found by `benchmarks/faults.py --seeds 3000 --seed-start 2600` (2026-11-28, on 869af42; it
+# fails on f100b39 too): 5 requests left "submitted" 96 h after the last event, the stager
+# healthy and the loop unpaused, its last cycle sending nothing. Not diagnosed yet: strict, so
+# that the fix that makes it pass has to say so here.
+@pytest.mark.xfail(strict=True, reason="seed 4441: 5 requests left submitted after the faults stop (open)")
+def test_seed_4441_leaves_no_request_submitted(transactional_db):
+    result = run_seed(4441)
+    assert result.violation is None, str(result.violation)
+
+
 def drop_a_new_file(mp):
     """A submission forgets one of its new files."""
     queue_new = intake.queue_new
