@@ -32,11 +32,11 @@ def test_seed_5126_leaves_no_request_queued(transactional_db):
     assert result.violation is None, str(result.violation)
 
 
-# Found by `benchmarks/faults.py --seeds 3000 --seed-start 2600` (2026-11-28, on 869af42; it
-# fails on f100b39 too): 5 requests left "submitted" 96 h after the last event, the stager
-# healthy and the loop unpaused, its last cycle sending nothing. Not diagnosed yet: strict, so
-# that the fix that makes it pass has to say so here.
-@pytest.mark.xfail(strict=True, reason="seed 4441: 5 requests left submitted after the faults stop (open)")
+# Found by `benchmarks/faults.py --seeds 3000 --seed-start 2600` (2026-11-28, on 869af42): 5
+# requests left "submitted" 96 h after the last event. The middle job of a drive's chain lost
+# all its files to a cancel; the cycle that saw the first done ended the emptied job but sent
+# nothing behind it (send_jobs read the ready jobs once), and the loop, seeing nothing change,
+# never came back. send_jobs now reads again after a job ends (tests/test_plan.py has the case).
 def test_seed_4441_leaves_no_request_submitted(transactional_db):
     result = run_seed(4441)
     assert result.violation is None, str(result.violation)

@@ -481,3 +481,34 @@ def test_a_drive_that_frees_early_takes_a_mount_waiting_on_another_chain(planned
     assert moved.chain == early and moved.state == JobState.SENT
     assert RestoreRequest.objects.filter(job=moved).count() == 10
     assert not Job.objects.filter(id=waiting.id).exists()
+
+
+def test_a_mount_whose_files_were_all_cancelled_lets_the_next_one_on_its_drive_go_in_the_same_cycle(
+        planned, alice):
+    """The middle of three mounts planned on one drive loses all its files to a cancel: when the
+    first is done, the cycle that sees it ends the emptied job and sends the third, instead of
+    leaving it for a later cycle (fault-simulator seed 4441: a loop that waits for something to
+    change never came back for it)."""
+    from carousel.domain.services import request_cancel
+
+    now = planned
+    tapes = {f"T{t}": [(f"/d/T{t}/f{i}", i * 200 * GB, 20 * GB) for i in range(4)] for t in range(3)}
+    stager, clock = library_stager(1, tapes)
+    restore_submit(user=alice, paths=[p for entries in tapes.values() for p, _, _ in entries], now=now)
+    run_cycle(now=now, stager=stager)
+    first = Job.objects.get(state=JobState.SENT)
+    middle = Job.objects.get(after=first)
+    last = Job.objects.get(after=middle)
+    request_cancel(queryset=RestoreRequest.objects.filter(job=middle), now=now)
+    assert run_until(stager, clock, now, lambda: Job.objects.filter(id=first.id, state=JobState.DONE).exists(),
+                     limit=20_000)
+    middle.refresh_from_db()
+    last.refresh_from_db()
+    assert middle.state == JobState.CANCELLED
+    assert last.state == JobState.SENT and last.sent_at == middle.finished_at
+    assert run_until(stager, clock, now, all_done_or_cancelled, limit=40_000)
+    assert stager.library.mounts == 2
+
+
+def all_done_or_cancelled():
+    return not RestoreRequest.objects.exclude(state__in=("done", "cancelled")).exists()
