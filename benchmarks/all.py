@@ -335,6 +335,12 @@ BENCHMARKS = [
          Figure("3,000 files", "3000_files_ms", " ms", None, 1)],
         services=False, minutes=1),
     Benchmark(
+        "allocate", "A sharing policy's allocate() for 1,000 users (a test's timing threshold, moved here)",
+        "allocate.py",
+        "1,000 users in 10 groups, random demand and room (seed 1), 750 slots; CPU time, best of 5, per policy.",
+        [Figure("slowest policy", "most_ms", " ms", ("<=", 10), 2)],
+        services=False, minutes=1),
+    Benchmark(
         "replay", "Replays of the shipped workloads, shipped defaults (issues 12, 13 and 23)", "replay.py",
         "`manage.py simulate` of every workload in `tests/workloads/` (TAPEID/GRPW) against the "
         "simulated library, with both baselines and the lower bound, and against the hsm-fifo backend without "

@@ -2,7 +2,6 @@
 checked by hypothesis on random cycles (up to 60 users in up to 8 groups, up to 2,000 slots)."""
 import math
 import random
-import time
 from collections import defaultdict
 from fractions import Fraction
 
@@ -91,19 +90,21 @@ def test_water_fill_rounds_weighted_shares_exactly():
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
-def test_a_thousand_users_allocate_in_well_under_ten_milliseconds(policy):
+def test_a_thousand_users_in_ten_groups_get_what_fits(policy):
+    """A cycle's size at a busy site: every slot is given while someone can take it, and nobody
+    gets more than they asked or have room for. (How long it takes is benchmarks/allocate.py's.)"""
     rng = random.Random(1)
     users = [UserDemand(user=u, group=u % 10, pending=rng.randint(0, 3000), room=rng.randint(0, 500))
              for u in range(1000)]
     limits = {g: GroupLimit(weight=rng.uniform(0.5, 4), room=rng.randint(0, 2000)) for g in range(10)}
-    best = min(_timed(policy, users, limits, 750) for _ in range(5))
-    assert best < 0.010
-
-
-def _timed(policy, users, limits, slots):
-    start = time.perf_counter()
-    policy.allocate(users, limits, slots)
-    return time.perf_counter() - start
+    given_out = policy.allocate(users, limits, 750)
+    assert sum(given_out.values()) == 750
+    for d in users:
+        assert 0 <= given_out.get(d.user, 0) <= min(d.pending, d.room)
+    per_group = defaultdict(int)
+    for d in users:
+        per_group[d.group] += given_out.get(d.user, 0)
+    assert all(per_group[g] <= limits[g].room for g in limits)
 
 
 # Random cycles and what the rules say about them.
