@@ -40,7 +40,7 @@ def build_history(user, *, submissions, requests, now):
     bulks = list(Bulk.objects.filter(user=user).values_list("id", "group_id"))
     per_bulk = max(0, requests - submissions) // max(1, len(bulks))
     finished = now - timedelta(days=20)
-    columns = (*intake.COLUMNS, "finished_at")
+    columns = intake.COLUMNS
 
     def rows():
         for b, (bulk_id, group_id) in enumerate(bulks):
@@ -51,7 +51,9 @@ def build_history(user, *, submissions, requests, now):
                            priority=0, destination="", destination_layout="path", deadline=None,
                            pin_lifetime=None, state=RequestState.DONE, attempts=1, error_class="", last_error="",
                            job_id=None, job_rank=0, created_at=finished, updated_at=finished,
-                           submitted_at=finished, started_at=finished, finished_at=finished)
+                           submitted_at=finished, started_at=finished, finished_at=finished,
+                           activity="default", size=None, tape_id=None, position=None, pin_until=None,
+                           staged_path="", delivery_fs="", copy_job=None)
                 yield tuple(row[c] for c in columns)
 
     db.insert_rows(RestoreRequest, columns, rows(), ids=False)
