@@ -9,7 +9,8 @@ one themselves). The Celery workers a test starts then take only their own test'
 `cache.clear()` empties only its own worker's cache.
 
 The workers of one run share a directory (`run_dir()`, removed at the end of the run), for what
-is built once for all of them and for the locks between them. A test marked `runs_alone` stops
+is built once for all of them and for the locks between them; a PostgreSQL database built once
+for all of them is dropped at the end too (`drop_database_at_the_end`). A test marked `runs_alone` stops
 a server that every worker uses (the suite's PostgreSQL): it waits until no other worker is
 inside a test and holds them off until it is done; they then drop the connections that died
 with the server."""
@@ -71,9 +72,32 @@ def pytest_configure(config):
         config.stash[_run_dir_key] = path
 
 
+def drop_database_at_the_end(name):
+    """A PostgreSQL database that a worker made for the whole run (on the suite's server): the
+    process that started the workers drops it once they are all done."""
+    with file_lock(run_dir() / "databases.lock"), open(run_dir() / "databases", "a") as listing:
+        listing.write(name + "\n")
+
+
+def _drop_databases(path):
+    listing = path / "databases"
+    if not listing.exists():
+        return
+    import psycopg
+    from django.conf import settings
+
+    admin = settings.DATABASES["default"]
+    with contextlib.suppress(psycopg.Error), psycopg.connect(
+            host=admin["HOST"], port=admin["PORT"], user=admin["USER"], password=admin["PASSWORD"] or None,
+            dbname="postgres", autocommit=True) as conn:
+        for name in listing.read_text().split():
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def pytest_unconfigure(config):
     path = config.stash.get(_run_dir_key, None)
     if path:
+        _drop_databases(path)
         shutil.rmtree(path, ignore_errors=True)
         os.environ.pop(RUN_DIR, None)
 
