@@ -10,10 +10,13 @@ one themselves). The Celery workers a test starts then take only their own test'
 
 The workers of one run share a directory (`run_dir()`, removed at the end of the run), for what
 is built once for all of them and for the locks between them; a PostgreSQL database built once
-for all of them is dropped at the end too (`drop_database_at_the_end`). A test marked `runs_alone` stops
-a server that every worker uses (the suite's PostgreSQL): it waits until no other worker is
-inside a test and holds them off until it is done; they then drop the connections that died
-with the server."""
+for all of them is dropped at the end too (`drop_database_at_the_end`).
+
+A test marked `runs_alone` stops a server that every worker uses (the suite's PostgreSQL): it
+waits until no other worker is inside a test and holds them off until it is done; they then
+drop the connections that died with the server. `with alone():` does the same for a block
+inside a test (up to the server's return), so that the others go on while the rest of the test
+runs."""
 import contextlib
 import fcntl
 import os
@@ -149,7 +152,33 @@ class _Turns:
             fcntl.flock(self.turnstile, fcntl.LOCK_UN)
 
 
+    @contextlib.contextmanager
+    def alone_within_a_test(self):
+        """alone() from inside a test that holds `tests` shared: the hold is let go first (two
+        such tests waiting for each other's hold would wait for ever), taken back after."""
+        fcntl.flock(self.tests, fcntl.LOCK_UN)
+        try:
+            with self.alone():
+                yield
+        finally:
+            fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+            fcntl.flock(self.tests, fcntl.LOCK_SH)
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+
+
 _turns = None
+
+
+@contextlib.contextmanager
+def alone():
+    """For the block, inside a test: no other worker is inside a test (they finish the one they
+    are in, then wait), as for a test marked `runs_alone` but only while the block lasts: for
+    stopping a server they all use, when the rest of the test does not need them held off."""
+    if worker_index() is None:
+        yield
+        return
+    with _turns.alone_within_a_test():
+        yield
 
 
 @pytest.hookimpl(wrapper=True)
