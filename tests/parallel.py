@@ -9,10 +9,14 @@ one themselves). The Celery workers a test starts then take only their own test'
 `cache.clear()` empties only its own worker's cache.
 
 The workers of one run share a directory (`run_dir()`, removed at the end of the run), for what
-is built once for all of them and for the locks between them. A test marked `runs_alone` stops
-a server that every worker uses (the suite's PostgreSQL): it waits until no other worker is
-inside a test and holds them off until it is done; they then drop the connections that died
-with the server."""
+is built once for all of them and for the locks between them; a PostgreSQL database built once
+for all of them is dropped at the end too (`drop_database_at_the_end`).
+
+A test marked `runs_alone` stops a server that every worker uses (the suite's PostgreSQL): it
+waits until no other worker is inside a test and holds them off until it is done; they then
+drop the connections that died with the server. `with alone():` does the same for a block
+inside a test (up to the server's return), so that the others go on while the rest of the test
+runs."""
 import contextlib
 import fcntl
 import os
@@ -71,9 +75,32 @@ def pytest_configure(config):
         config.stash[_run_dir_key] = path
 
 
+def drop_database_at_the_end(name):
+    """A PostgreSQL database that a worker made for the whole run (on the suite's server): the
+    process that started the workers drops it once they are all done."""
+    with file_lock(run_dir() / "databases.lock"), open(run_dir() / "databases", "a") as listing:
+        listing.write(name + "\n")
+
+
+def _drop_databases(path):
+    listing = path / "databases"
+    if not listing.exists():
+        return
+    import psycopg
+    from django.conf import settings
+
+    admin = settings.DATABASES["default"]
+    with contextlib.suppress(psycopg.Error), psycopg.connect(
+            host=admin["HOST"], port=admin["PORT"], user=admin["USER"], password=admin["PASSWORD"] or None,
+            dbname="postgres", autocommit=True) as conn:
+        for name in listing.read_text().split():
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def pytest_unconfigure(config):
     path = config.stash.get(_run_dir_key, None)
     if path:
+        _drop_databases(path)
         shutil.rmtree(path, ignore_errors=True)
         os.environ.pop(RUN_DIR, None)
 
@@ -125,7 +152,33 @@ class _Turns:
             fcntl.flock(self.turnstile, fcntl.LOCK_UN)
 
 
+    @contextlib.contextmanager
+    def alone_within_a_test(self):
+        """alone() from inside a test that holds `tests` shared: the hold is let go first (two
+        such tests waiting for each other's hold would wait for ever), taken back after."""
+        fcntl.flock(self.tests, fcntl.LOCK_UN)
+        try:
+            with self.alone():
+                yield
+        finally:
+            fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+            fcntl.flock(self.tests, fcntl.LOCK_SH)
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+
+
 _turns = None
+
+
+@contextlib.contextmanager
+def alone():
+    """For the block, inside a test: no other worker is inside a test (they finish the one they
+    are in, then wait), as for a test marked `runs_alone` but only while the block lasts: for
+    stopping a server they all use, when the rest of the test does not need them held off."""
+    if worker_index() is None:
+        yield
+        return
+    with _turns.alone_within_a_test():
+        yield
 
 
 @pytest.hookimpl(wrapper=True)

@@ -21,6 +21,7 @@ from django.utils import timezone
 from carousel.infra.localservices import free_port
 from carousel.models import Control, Job, RestoreRequest
 from carousel.domain.services import restore_submit
+from tests import parallel
 from tests.test_worker import _test_database_url
 
 SITE = Path(__file__).parent / "fakes" / "site_stager"
@@ -174,7 +175,6 @@ def test_restarting_redis_in_the_middle_of_a_run_loses_nothing(transactional_db,
     assert max(stages_per_file(site).values()) == 1
 
 
-@pytest.mark.runs_alone  # every xdist worker's test database is on that server
 def test_restarting_postgresql_in_the_middle_of_a_run_loses_nothing_and_logs_the_outage_once(
         transactional_db, tmp_path, site, alice, now):
     """The suite's own PostgreSQL server (carousel.infra.localservices) is stopped for a few seconds
@@ -195,16 +195,21 @@ def test_restarting_postgresql_in_the_middle_of_a_run_loses_nothing_and_logs_the
     connections.close_all()
     worker = Worker(tmp_path, site, os.environ["REDIS_URL"])
     try:
-        started = timezone.now()
-        worker.start()
-        wait_for_a_cycle(worker, since=started)
-        time.sleep(2)
-        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
-                       check=True, stdout=subprocess.DEVNULL)
-        time.sleep(6)  # twenty ticks of the worker with no database
-        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"),
-                                     "-o", options, "-w", "start"]), check=True, stdout=subprocess.DEVNULL)
-        connections.close_all()  # this process's connection died with the server too
+        # Every xdist worker's test database is on that server: the others are held off from
+        # before the start (so that the outage still falls in the middle of the run, however
+        # long they take to leave their tests) until the server is back, not while the worker
+        # finishes the run.
+        with parallel.alone():
+            started = timezone.now()
+            worker.start()
+            wait_for_a_cycle(worker, since=started)
+            time.sleep(2)
+            subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
+                           check=True, stdout=subprocess.DEVNULL)
+            time.sleep(6)  # twenty ticks of the worker with no database
+            subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"),
+                                         "-o", options, "-w", "start"]), check=True, stdout=subprocess.DEVNULL)
+            connections.close_all()  # this process's connection died with the server too
         wait_until_done(worker, timeout=150)
     finally:
         worker.stop()

@@ -1,16 +1,19 @@
-"""schemathesis over /api/schema/ against a live server (gunicorn on loopback), once on
-PostgreSQL and once on the embedded SQLite default: no answer may be a 500, and every answer
-must match the schema (status documented, body as documented). The schema holds the native API
-and the WLCG Tape REST door (api/tape_rest/schema.py); the door's stage answer links to the calls
-that take its id, which schemathesis follows in its stateful phase (on PostgreSQL only: the
-phase costs as much as the door's fuzzing, and the SQLite run is there for the database, not
-for the flows).
+"""schemathesis over /api/schema/ against a live server (gunicorn on loopback), on PostgreSQL and
+on the embedded SQLite default: no answer may be a 500, and every answer must match the schema
+(status documented, body as documented). The schema holds the native API and the WLCG Tape REST
+door (api/tape_rest/schema.py); the door's stage answer links to the calls that take its id,
+which schemathesis follows in its stateful phase (on PostgreSQL only: the phase costs as much as
+the door's fuzzing, and the SQLite run is there for the database, not for the flows).
 
-Each run gets a database of its own (a fresh PostgreSQL database on the suite's server, or a
-SQLite file in a temporary directory), migrated, with a user who has a token and a few
-requests, so the list and detail answers carry real rows."""
+The operations run in groups, a test each (GROUPS), so that pytest-xdist spreads them over its
+workers; the groups an xdist worker draws share its server on each database (a database of its
+own, a fresh PostgreSQL database on the suite's server or a SQLite file in a temporary
+directory, migrated, with a user who has a token and a few requests, so the list and detail
+answers carry real rows)."""
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +26,7 @@ import pytest
 from django.conf import settings
 
 from carousel.infra.localservices import free_port
+from tests import parallel
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -61,65 +65,187 @@ def _wait_for(url, server, timeout=60):
     raise RuntimeError(f"{url} did not answer within {timeout} s")
 
 
-def run_schemathesis(env, tmp_path, phases="examples,coverage,fuzzing,stateful"):
-    _manage(env, "migrate", "--noinput")
-    token = _manage(env, "shell", "-c", SETUP).stdout.strip().splitlines()[-1]
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    # Its log to a file: a pipe nobody reads fills up, and the server blocks on its next log line.
-    log_path = tmp_path / "gunicorn.log"
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen([str(BIN / "gunicorn"), "-w", "2", "-b", f"127.0.0.1:{port}", "--timeout", "60",
-                                   "carousel.wsgi"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
-    server.log_path = log_path
-    try:
-        _wait_for(f"{base}/api/schema/", server)
-        with urllib.request.urlopen(f"{base}/api/schema/?format=json", timeout=30) as answer:
-            described = json.load(answer)["paths"]
-        assert {"/api/v1/requests/", "/api/tape-rest/v1/stage", "/api/tape-rest/v1/archiveinfo",
-                "/.well-known/wlcg-tape-rest-api"} <= set(described)
+# The operations, in two groups that run as tests of their own, so that pytest-xdist can give them
+# to different workers (one run of every operation took 80-160 s on one worker, and a worker that
+# drew both databases' runs set the suite's tail). Each operation's cases do not depend on the
+# group: the same seed, the same number of cases an operation. The second group is every
+# operation the first does not name (the Tape REST door, the stager, the summary, the usage), so
+# an operation added later is fuzzed too. Two, not more: each group costs a schemathesis process
+# (about 2.5 s of CPU before its first case) and, on a worker that has none yet, a server.
+GROUPS = {
+    "requests-and-bulks": r"^/api/v1/(requests|bulks)/",
+}
+OTHERS = "others"
+
+
+def _filters(group):
+    if group is None:
+        return []
+    if group == OTHERS:
+        return ["--exclude-path-regex", "|".join(GROUPS.values())]
+    return ["--include-path-regex", GROUPS[group]]
+
+
+class LiveAPI:
+    """gunicorn on loopback over a database of its own, a copy of the run's migrated one (with a
+    user who has a token and a few requests, so that the list and detail answers carry real
+    rows)."""
+
+    def __init__(self, env, tmp_path, token):
+        self.env, self.tmp_path, self.token = env, tmp_path, token
+        self.base = f"http://127.0.0.1:{free_port()}"
+        # Its log to a file: a pipe nobody reads fills up, and the server blocks on its next log line.
+        self.log_path = tmp_path / "gunicorn.log"
+        with open(self.log_path, "wb") as log:
+            self.server = subprocess.Popen([str(BIN / "gunicorn"), "-w", "2", "-b", self.base.removeprefix("http://"),
+                                            "--timeout", "60", "carousel.wsgi"], cwd=ROOT, env=env,
+                                           stdout=subprocess.DEVNULL, stderr=log)
+        self.server.log_path = self.log_path
+        try:
+            _wait_for(f"{self.base}/api/schema/", self.server)
+            with urllib.request.urlopen(f"{self.base}/api/schema/?format=json", timeout=30) as answer:
+                described = json.load(answer)["paths"]
+            assert {"/api/v1/requests/", "/api/tape-rest/v1/stage", "/api/tape-rest/v1/archiveinfo",
+                    "/.well-known/wlcg-tape-rest-api"} <= set(described)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self):
+        self.server.terminate()
+        self.server.wait(timeout=30)
+
+    def schemathesis(self, phases, group, tmp_path):
+        """schemathesis run over the group's operations (all of them for None); its output."""
+        assert self.server.poll() is None, self.log_path.read_text()[-2000:]
         # 25 generated cases an operation, besides the coverage phase's (every boundary the
-        # schema names): 72 s and 62 s, run one after the other on a loaded machine (load 3 on 2
-        # cores); at 50, 123 s and 115 s idle, a third of the suite's budget once the schema grew.
+        # schema names): 72 s and 62 s for the two runs of every operation, run one after the
+        # other on a loaded machine (load 3 on 2 cores); at 50, 123 s and 115 s idle.
         done = subprocess.run(
-            [str(BIN / "schemathesis"), "run", f"{base}/api/schema/", "-H", f"Authorization: Token {token}",
+            [str(BIN / "schemathesis"), "run", f"{self.base}/api/schema/", "-H", f"Authorization: Token {self.token}",
              "--checks", "not_a_server_error,response_schema_conformance", "-n", "25", "--seed", "3",
-             "--request-timeout", "30", "--phases", phases, "--report-dir", str(tmp_path / "report")],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-    print(done.stdout[-3000:])
-    return done.stdout
+             "--request-timeout", "30", "--phases", phases, *_filters(group),
+             "--report-dir", str(tmp_path / "report")],
+            cwd=tmp_path, env=self.env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+        print(done.stdout[-3000:])
+        assert "No issues found" in done.stdout or "passed" in done.stdout, done.stdout[-3000:]
+        tested = re.search(r"^ *Tested: (\d+)", done.stdout, re.M)
+        assert tested and int(tested[1]) > 0, done.stdout[-3000:]  # a group that matches nothing tests nothing
+        return done.stdout
 
 
-@pytest.fixture
-def fresh_postgres():
-    """A database of its own on the suite's PostgreSQL: the live server cannot see the test
-    database's uncommitted rows."""
-    url = os.environ["DATABASE_URL"]
-    name = f"schemathesis_{uuid.uuid4().hex[:8]}"
+def _private_redis_url():
+    """A Redis database that no Celery worker of the suite reads (the withdrawals the cancels
+    queue reach no other test's worker) and that no other such server shares (the throttles
+    count per account id, the same in every fresh database): 13 in a run in one process, one of
+    its own per xdist worker in a parallel run (localservices starts Redis with 256)."""
+    index = parallel.worker_index()
+    number = 13 if index is None else 128 + index
+    return os.environ["REDIS_URL"].rsplit("/", 1)[0] + f"/{number}"
+
+
+def _migrate_with_the_user(env):
+    """Migrates env's database and adds the user; the user's token."""
+    _manage(env, "migrate", "--noinput")
+    return _manage(env, "shell", "-c", SETUP).stdout.strip().splitlines()[-1]
+
+
+def _admin_connection():
     admin = settings.DATABASES["default"]
-    params = dict(host=admin["HOST"], port=admin["PORT"], user=admin["USER"], password=admin["PASSWORD"] or None,
-                  dbname="postgres", autocommit=True)
-    with psycopg.connect(**params) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(**params) as conn:
+    return psycopg.connect(host=admin["HOST"], port=admin["PORT"], user=admin["USER"],
+                           password=admin["PASSWORD"] or None, dbname="postgres", autocommit=True)
+
+
+def _database_url(name):
+    return os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(scope="session")
+def postgresql_template():
+    """A PostgreSQL database migrated with the user, once a run, by the first xdist worker that
+    needs it (the migration costs seconds of CPU; a copy from it, a fraction of one); the run
+    drops it at its end (parallel.drop_database_at_the_end). Its name and the user's token."""
+    path = parallel.run_dir() / "schemathesis-postgresql"
+    with parallel.file_lock(parallel.run_dir() / "schemathesis-postgresql.lock"):
+        if not path.exists():
+            name = f"schemathesis_template_{uuid.uuid4().hex[:8]}"
+            with _admin_connection() as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+            parallel.drop_database_at_the_end(name)
+            token = _migrate_with_the_user(_env(DATABASE_URL=_database_url(name), REDIS_URL=_private_redis_url(),
+                                                CAROUSEL_VAR_DIR=str(parallel.run_dir() / "schemathesis-var")))
+            path.write_text(json.dumps([name, token]))
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def fresh_postgres(postgresql_template):
+    """A database of its own on the suite's PostgreSQL, a copy of the template: the live server
+    cannot see the test database's uncommitted rows."""
+    template, _token = postgresql_template
+    name = f"schemathesis_{uuid.uuid4().hex[:8]}"
+    with _admin_connection() as conn:
+        for attempt in range(50):
+            try:
+                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+                break
+            except psycopg.errors.ObjectInUse:  # the migration's connections are still closing
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"the template {template} stayed in use")
+    yield _database_url(name)
+    with _admin_connection() as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-def test_schemathesis_finds_nothing_on_postgresql(fresh_postgres, tmp_path):
-    # Redis: a database number of its own, so the withdrawals the cancels queue reach no other
-    # test's worker.
-    redis = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/13"
-    out = run_schemathesis(_env(DATABASE_URL=fresh_postgres, REDIS_URL=redis, CAROUSEL_VAR_DIR=str(tmp_path / "var"),
-                                CAROUSEL_STAGER="immediate"), tmp_path)
-    assert "No issues found" in out or "passed" in out, out[-3000:]
+@pytest.fixture(scope="module")
+def postgresql_api(postgresql_template, fresh_postgres, tmp_path_factory):
+    """One server for every group an xdist worker draws on PostgreSQL (as the one run of every
+    operation had)."""
+    tmp_path = tmp_path_factory.mktemp("schemathesis-postgresql")
+    api = LiveAPI(_env(DATABASE_URL=fresh_postgres, REDIS_URL=_private_redis_url(),
+                       CAROUSEL_VAR_DIR=str(tmp_path / "var"), CAROUSEL_STAGER="immediate"), tmp_path,
+                  token=postgresql_template[1])
+    yield api
+    api.stop()
 
 
-def test_schemathesis_finds_nothing_on_the_embedded_sqlite_default(tmp_path):
-    out = run_schemathesis(_env(CAROUSEL_VAR_DIR=str(tmp_path / "var"), CAROUSEL_STAGER="immediate"), tmp_path,
-                           phases="examples,coverage,fuzzing")
-    assert "No issues found" in out or "passed" in out, out[-3000:]
+@pytest.fixture(scope="session")
+def sqlite_template():
+    """The embedded default's database file, migrated with the user, once a run (as
+    postgresql_template); each server reads a copy. Its path and the user's token."""
+    root = parallel.run_dir() / "schemathesis-sqlite"
+    with parallel.file_lock(parallel.run_dir() / "schemathesis-sqlite.lock"):
+        if not (root / "token").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a build that failed half way
+            token = _migrate_with_the_user(_env(CAROUSEL_VAR_DIR=str(root / "var"), CAROUSEL_STAGER="immediate"))
+            (root / "token").write_text(token)
+    return root / "var" / "carousel.sqlite3", (root / "token").read_text()
+
+
+@pytest.fixture(scope="module")
+def sqlite_api(sqlite_template, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("schemathesis-sqlite")
+    database, token = sqlite_template
+    (tmp_path / "var").mkdir()
+    for suffix in ("", "-wal"):  # the write-ahead log too, had the last connection not folded it in
+        if database.with_name(database.name + suffix).exists():
+            shutil.copyfile(database.with_name(database.name + suffix), tmp_path / "var" / (database.name + suffix))
+    api = LiveAPI(_env(CAROUSEL_VAR_DIR=str(tmp_path / "var"), CAROUSEL_STAGER="immediate"), tmp_path, token=token)
+    yield api
+    api.stop()
+
+
+@pytest.mark.parametrize("group", [*GROUPS, OTHERS])
+def test_schemathesis_finds_nothing_on_postgresql(postgresql_api, group, tmp_path):
+    postgresql_api.schemathesis("examples,coverage,fuzzing", group, tmp_path)
+
+
+def test_schemathesis_follows_the_links_on_postgresql(postgresql_api, tmp_path):
+    postgresql_api.schemathesis("stateful", None, tmp_path)
+
+
+@pytest.mark.parametrize("group", [*GROUPS, OTHERS])
+def test_schemathesis_finds_nothing_on_the_embedded_sqlite_default(sqlite_api, group, tmp_path):
+    sqlite_api.schemathesis("examples,coverage,fuzzing", group, tmp_path)
