@@ -42,6 +42,16 @@ def test_seed_4441_leaves_no_request_submitted(transactional_db):
     assert result.violation is None, str(result.violation)
 
 
+# Found by `benchmarks/faults.py --seeds 10000` (2026-11-28, on 2d7789b): a copy released while
+# a request had it pinned. A pin ended and its release was recorded; the release waited (the
+# stager down); meanwhile another user's request read the file again and pinned it; then the
+# release went out and freed that copy. A release is now sent only for files still not wanted
+# when it goes (pins.wanted_keys, the rule it was recorded by).
+def test_seed_7437_releases_no_copy_a_later_request_pinned(transactional_db):
+    result = run_seed(7437)
+    assert result.violation is None, str(result.violation)
+
+
 def drop_a_new_file(mp):
     """A submission forgets one of its new files."""
     queue_new = intake.queue_new

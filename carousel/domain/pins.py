@@ -35,6 +35,15 @@ def end_expired_pins(*, now):
     return _end_pins(RestoreRequest.objects.filter(id__in=due), now=now)
 
 
+def wanted_keys(keys, *, now):
+    """The path keys of `keys` whose copy a request still wants: one active, or done with a pin
+    still running. A release is recorded only for the others, and sent only for those still not
+    wanted when it goes (the loop's send, carousel/loop/withdrawals.py): a release delayed by
+    an outage must not free a copy that a request made since has pinned again."""
+    return set(RestoreRequest.objects.filter(Q(state__in=ACTIVE_STATES) | Q(state=S.DONE, pin_until__gt=now),
+                                             path_key__in=list(keys)).values_list("path_key", flat=True))
+
+
 def _end_pins(queryset, *, now):
     with transaction.atomic():
         # In id order, as a submission served from a pinned copy locks it (domain/ondisk.py): no deadlock.
@@ -43,10 +52,7 @@ def _end_pins(queryset, *, now):
         if not ended:
             return 0
         RestoreRequest.objects.filter(id__in=[i for i, *_ in ended]).update(pin_until=None)
-        keys = {k for _, k, _, _ in ended}
-        still_wanted = set(RestoreRequest.objects.filter(
-            Q(state__in=ACTIVE_STATES) | Q(state=S.DONE, pin_until__gt=now), path_key__in=keys)
-            .values_list("path_key", flat=True))
+        still_wanted = wanted_keys({k for _, k, _, _ in ended}, now=now)
         released = {}
         for _, key, path, job in ended:
             if key not in still_wanted and job is not None:

@@ -15,7 +15,8 @@ from datetime import timedelta
 from django.db import transaction
 
 from carousel.loop import health as h
-from carousel.models import ACTIVE_STATES, RequestState as S, RestoreRequest, StagerCall, StagerHealth
+from carousel.models import ACTIVE_STATES, RequestState as S, RestoreRequest, StagerCall, StagerHealth, path_key
+from carousel.domain import pins
 from carousel.domain.services import request_cancel
 from carousel.stagers.base import StagerUnavailable
 
@@ -41,6 +42,31 @@ def expire_requests(*, now):
 _sending = threading.Lock()
 
 
+def _unwanted_only(calls, *, now):
+    """The calls to send, a release without the paths a request wants again since it was
+    recorded (pins.wanted_keys: the stager would free the copy that request now relies on);
+    a release left with none is done. Withdrawals go as they are."""
+    releases = [c for c in calls if c.kind == StagerCall.Kind.RELEASE]
+    if not releases:
+        return calls
+    wanted = pins.wanted_keys({path_key(p) for c in releases for p in c.paths}, now=now)
+    if not wanted:
+        return calls
+    kept, done = [], []
+    for call in calls:
+        if call.kind == StagerCall.Kind.RELEASE:
+            call.paths = [p for p in call.paths if path_key(p) not in wanted]
+            if not call.paths:
+                done.append(call.id)
+                continue
+            StagerCall.objects.filter(id=call.id).update(paths=call.paths)
+        kept.append(call)
+    StagerCall.objects.filter(id__in=done).delete()
+    if done:
+        log.info("%d release(s) not sent: their files are wanted again", len(done))
+    return kept
+
+
 def send_stager_calls(*, now, stager, limit=CALLS_PER_CYCLE, budget_s=CALLS_BUDGET_S, down=None):
     """Send the stager calls that are due, oldest first. Returns how many it confirmed.
     down: whether the stager is judged down (the cycle has just judged it; else read here)."""
@@ -58,6 +84,7 @@ def send_stager_calls(*, now, stager, limit=CALLS_PER_CYCLE, budget_s=CALLS_BUDG
     except BaseException:
         _sending.release()
         raise
+    calls = _unwanted_only(calls, now=now)
     if not calls:
         _sending.release()
         return 0
