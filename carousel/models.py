@@ -711,9 +711,7 @@ class RestoreRequest(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True, default="")
     last_error = models.TextField(blank=True)
-    # Indexed by request_job below, partial: a submission's new rows have no job yet.
-    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests",
-                            db_index=False)
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests")
     # A request served from another request's pinned copy (carousel/domain/ondisk.py) is in no
     # job: this names the job whose stage made the copy, so whichever pin ends last has the
     # stager release it (pins.py). Not a foreign key: retention prunes jobs freely.
@@ -746,10 +744,7 @@ class RestoreRequest(models.Model):
 
     class Meta:
         constraints = [
-            # File first: the same index finds a file's active requests whoever asked (a new
-            # request joins a stage under way), so no second index on path_key is written for
-            # each of a large submission's rows.
-            models.UniqueConstraint(fields=["path_key", "user"], condition=Q(state__in=ACTIVE_STATES),
+            models.UniqueConstraint(fields=["user", "path_key"], condition=Q(state__in=ACTIVE_STATES),
                                     name="one_active_request_per_user_and_file"),
             models.CheckConstraint(condition=Q(priority__lte=3), name="request_priority_0_to_3"),
             models.CheckConstraint(condition=Q(state__in=RequestState.values), name="request_state_known"),
@@ -768,7 +763,8 @@ class RestoreRequest(models.Model):
                                    name="request_done_has_no_error"),
         ]
         indexes = [
-            models.Index(fields=["job"], name="request_job", condition=Q(job__isnull=False)),
+            models.Index(fields=["path_key"], name="request_active_path",
+                         condition=Q(state__in=ACTIVE_STATES)),
             # A user's requests in a state, newest first (the API's list); the oldest active
             # one (the summary: one probe per active state).
             models.Index(fields=["user", "state", "created_at"], name="request_user_state_age"),
