@@ -55,11 +55,13 @@ def _unwanted_only(calls, *, now):
     kept, done = [], []
     for call in calls:
         if call.kind == StagerCall.Kind.RELEASE:
-            call.paths = [p for p in call.paths if path_key(p) not in wanted]
-            if not call.paths:
+            paths = [p for p in call.paths if path_key(p) not in wanted]
+            if not paths:
                 done.append(call.id)
                 continue
-            StagerCall.objects.filter(id=call.id).update(paths=call.paths)
+            if len(paths) < len(call.paths):
+                call.paths = paths
+                StagerCall.objects.filter(id=call.id).update(paths=paths)
         kept.append(call)
     StagerCall.objects.filter(id__in=done).delete()
     if done:
@@ -81,10 +83,11 @@ def send_stager_calls(*, now, stager, limit=CALLS_PER_CYCLE, budget_s=CALLS_BUDG
             calls = list(StagerCall.objects.filter(next_at__lte=now).order_by("next_at", "id")
                          .select_for_update(skip_locked=True)[:limit])
             StagerCall.objects.filter(id__in=[c.id for c in calls]).update(next_at=now + timedelta(seconds=LEASE_S))
+        # Inside the try: a database error here must not leave this process's sender taken.
+        calls = _unwanted_only(calls, now=now)
     except BaseException:
         _sending.release()
         raise
-    calls = _unwanted_only(calls, now=now)
     if not calls:
         _sending.release()
         return 0
