@@ -54,10 +54,11 @@ def test_seed_7437_releases_no_copy_a_later_request_pinned(transactional_db):
 
 # Found by `benchmarks/faults.py --seeds 1200 --seed-start 10000` (2026-11-28, on 370db6c; it
 # fails on 423cd15 too, before that session's changes): request 6's /data/run3/f0010 read in one
-# job, then again in another, with neither failed nor lost. Not diagnosed yet: strict, so that
-# the fix that makes it pass has to say so here.
-@pytest.mark.xfail(strict=True, reason="seed 10069: a file read twice for one request (open)")
+# job, then again in another, with neither failed nor lost. Fixed in MountPlanner._take_back.
 def test_seed_10069_reads_no_file_twice_for_one_request(transactional_db):
+    """A job whose submit timed out after the library took it stayed pending, to be sent again
+    with its id; the mount planner took it back as the final round's last mount and planned
+    its files on a new job: the library read them twice."""
     result = run_seed(10069)
     assert result.violation is None, str(result.violation)
 
