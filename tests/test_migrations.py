@@ -27,7 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 FIRST_CHAIN_LAST = "carousel/migrations/0021_intake.py"
 FIRST_CHAIN_PACKAGE = "first_chain_migrations"
 # Triggers the code relies on that migrations after the first chain make (0009_path_search).
-MADE_AFTER_THE_SQUASH = {"carousel_path_search_insert", "carousel_path_search_delete"}
+MADE_AFTER_THE_SQUASH = {"carousel_path_search_insert", "carousel_path_search_delete",  # 0009_path_search
+                         # 0014_request_refs
+                         "carousel_request_refs_insert", "carousel_request_refs_update",
+                         "carousel_request_refs_auth_user_delete", "carousel_request_refs_auth_group_delete",
+                         "carousel_request_refs_carousel_bulk_delete"}
 # The squashed set alone (the files that replace the first chain), so that migrations added
 # after the squash do not enter the comparison.
 SQUASHED_PACKAGE = "squashed_migrations"

@@ -120,6 +120,13 @@ TRIGGERS = {
         # Made by a migration after the squashed set: checked where that migration is applied.
         "migration": ("carousel", "0009_path_search"),
     },
+    "a request's references to its user, group and submission (constraints before)": {
+        "postgresql": ["carousel_request_refs_insert", "carousel_request_refs_update",
+                       "carousel_request_refs_auth_user_delete", "carousel_request_refs_auth_group_delete",
+                       "carousel_request_refs_carousel_bulk_delete"],
+        "sqlite": [],  # its table keeps the constraints (0014_request_refs)
+        "migration": ("carousel", "0014_request_refs"),
+    },
 }
 
 

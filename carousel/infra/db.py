@@ -27,7 +27,9 @@ def insert_rows(model, columns, rows, *, ids=True):
     pk = model._meta.pk.column
     if is_postgres():
         cols = [model._meta.get_field(c).column for c in columns]
-        with connection.cursor() as cursor:
+        # COPY goes to psycopg's own cursor: its errors become Django's (IntegrityError for a
+        # refused row), as the ORM's would.
+        with connection.wrap_database_errors, connection.cursor() as cursor:
             if not ids:
                 with cursor.cursor.copy(f"COPY {table} ({', '.join(cols)}) FROM STDIN") as copy:
                     for row in rows:
