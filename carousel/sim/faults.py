@@ -46,7 +46,7 @@ from unittest import mock
 from django.core.cache import cache
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection, transaction
-from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models import Count, Max, Min, Sum
 from django.test.utils import override_settings
 from django.utils.dateparse import parse_datetime
 
@@ -181,7 +181,6 @@ def _sql():
                    f" (SELECT min(next_at) FROM {call})"),
         "sent_jobs": (f"SELECT chain, sent_at, progress_at, estimate_s, overdue_at FROM {job}"
                       f" WHERE state = '{JobState.SENT.value}'"),
-        # A request in flight in a job the loop no longer follows (or in none).
         # What other users' requests look like (Simulation._others).
         "others": (f"SELECT state, count(id), count(pin_until), max(updated_at) FROM {req} WHERE NOT (user_id = %s)"
                    " GROUP BY state"),
@@ -190,6 +189,7 @@ def _sql():
                     f" WHERE r.state = '{S.QUEUED.value}' AND t.quarantined_at IS NULL AND r.tape_id NOT IN"
                     f" (SELECT tape_id FROM {job} WHERE state IN ({live_jobs}) AND tape_id IS NOT NULL)"
                     " GROUP BY r.user_id"),
+        # A request in flight in a job the loop no longer follows (or in none).
         "orphan": (f"SELECT r.id, r.path, r.state, j.state FROM {req} r LEFT JOIN {job} j ON j.id = r.job_id"
                    f" WHERE r.state IN ({in_flight}) AND (j.state IS NULL OR j.state NOT IN ({live_jobs}))"
                    " ORDER BY r.id LIMIT 1"),
