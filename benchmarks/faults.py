@@ -1,5 +1,6 @@
 """Bad weeks, simulated (carousel/sim/faults.py): seeds S .. S+N-1, each in a fresh SQLite copy of
-a database migrated once, P processes at once. Nothing else needs to run: no server, no worker.
+a database migrated once (a scratch file: synchronous off), P processes at once. Nothing else
+needs to run: no server, no worker.
 
     .venv/bin/python benchmarks/faults.py --seeds N [--seed-start S] [--procs P] [--stop-at-first]
 
