@@ -39,7 +39,12 @@ def says_about_tape(failure):
 
 
 def requeue_due_retries(*, now):
-    return request_transition(RestoreRequest.objects.filter(state=S.RETRY, retry_at__lte=now), S.QUEUED, now=now)
+    due = RestoreRequest.objects.filter(state=S.RETRY, retry_at__lte=now)
+    # Most cycles have none due: one probe of the partial index (request_retry_due) instead of
+    # the guarded UPDATE, which costs several times more to build than to run.
+    if not due.exists():
+        return 0
+    return request_transition(due, S.QUEUED, now=now)
 
 
 def count_tape_failures(failures, *, now, control):

@@ -40,14 +40,15 @@ import random
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import timedelta, timezone as dt_timezone
 from unittest import mock
 
 from django.core.cache import cache
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection, transaction
-from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models import Count, Max, Min, Sum
 from django.test.utils import override_settings
+from django.utils.dateparse import parse_datetime
 
 from carousel.domain import intake, pins, services
 from carousel.domain.paths import delivery_target
@@ -121,6 +122,22 @@ def _table(model):
     return connection.ops.quote_name(model._meta.db_table)
 
 
+def _query(sql, params=()):
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _moment(value):
+    """A datetime read by raw SQL, as the ORM gives it (aware): SQLite answers text for an
+    aggregate and a naive datetime (UTC) for a column, PostgreSQL an aware datetime."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=dt_timezone.utc)
+    return value
+
+
 def _sql():
     from carousel.models import BulkItem
 
@@ -146,7 +163,37 @@ def _sql():
         differ(f"SELECT user_id, tape_id, count(*) {ready} GROUP BY user_id, tape_id",
                f"SELECT user_id, tape_id, files FROM {tb} WHERE files <> 0"),
     ])
-    return accounted, counters
+    job, call = _table(Job), _table(StagerCall)
+    in_flight = ", ".join(f"'{state.value}'" for state in IN_FLIGHT_STATES)
+    live_jobs = f"'{JobState.PENDING.value}', '{JobState.SENT.value}'"
+    return {
+        "accounted": accounted,
+        "counters": counters,
+        # _next_cycle's looks, each one statement (its ORM twins cost more to compile than to run).
+        "more_to_send": (f"SELECT EXISTS (SELECT 1 FROM {req} WHERE state = '{S.QUEUED.value}')"
+                         f" OR EXISTS (SELECT 1 FROM {job} WHERE state = '{JobState.PENDING.value}')"),
+        "undispatched": (f"SELECT EXISTS (SELECT 1 FROM {req} WHERE state = '{S.DELIVERING.value}'"
+                         " AND delivery_started_at IS NULL)"),
+        "calls_due": f"SELECT EXISTS (SELECT 1 FROM {call} WHERE next_at <= %s)",
+        "firsts": (f"SELECT (SELECT min(pin_until) FROM {req}),"
+                   f" (SELECT min(locate_after) FROM {req} WHERE state = '{S.QUEUED.value}' AND tape_id IS NULL),"
+                   f" (SELECT min(delivery_started_at) FROM {req} WHERE state = '{S.DELIVERING.value}'),"
+                   f" (SELECT min(next_at) FROM {call})"),
+        "sent_jobs": (f"SELECT chain, sent_at, progress_at, estimate_s, overdue_at FROM {job}"
+                      f" WHERE state = '{JobState.SENT.value}'"),
+        # What other users' requests look like (Simulation._others).
+        "others": (f"SELECT state, count(id), count(pin_until), max(updated_at) FROM {req} WHERE NOT (user_id = %s)"
+                   " GROUP BY state"),
+        # Ready requests per user on tapes neither in use by an open job nor quarantined (held_back).
+        "waiting": (f"SELECT r.user_id, count(r.id) FROM {req} r INNER JOIN {_table(Tape)} t ON t.id = r.tape_id"
+                    f" WHERE r.state = '{S.QUEUED.value}' AND t.quarantined_at IS NULL AND r.tape_id NOT IN"
+                    f" (SELECT tape_id FROM {job} WHERE state IN ({live_jobs}) AND tape_id IS NOT NULL)"
+                    " GROUP BY r.user_id"),
+        # A request in flight in a job the loop no longer follows (or in none).
+        "orphan": (f"SELECT r.id, r.path, r.state, j.state FROM {req} r LEFT JOIN {job} j ON j.id = r.job_id"
+                   f" WHERE r.state IN ({in_flight}) AND (j.state IS NULL OR j.state NOT IN ({live_jobs}))"
+                   " ORDER BY r.id LIMIT 1"),
+    }
 
 
 # The schedule ---------------------------------------------------------------------------------
@@ -393,7 +440,7 @@ class Simulation:
         self.mails = 0
         self.bulks = {}  # user -> [Bulk]
         self.users = {}
-        self.accounted_sql, self.counters_sql = _sql()
+        self.sql = _sql()
 
     # Helpers ----------------------------------------------------------------------------------
 
@@ -452,17 +499,23 @@ class Simulation:
 
         if RestoreRequest.objects.exists():
             raise replay.ReplayError("the database already holds requests: a fault run needs an empty one")
-        Control.get()
-        groups = {}
-        for name, weight in self.schedule.groups.items():
-            groups[name], _ = Group.objects.get_or_create(name=name)
-            GroupShare.objects.update_or_create(group=groups[name], defaults={"weight": weight})
-        for name, (group, cap) in self.schedule.users.items():
-            user, _ = User.objects.get_or_create(username=name, defaults={"email": f"{name}@example.org"})
-            user.groups.add(groups[group])
-            Account.objects.update_or_create(user=user, defaults={"group": groups[group], "inflight_cap": cap})
-            self.users[name] = user
-            self.bulks[name] = []
+        self.control = Control.get()
+        # The database is fresh (no requests, no users): each row is created, in one statement
+        # per table (a seed's setup by get_or_create cost more queries than its first cycles).
+        groups = dict(zip(self.schedule.groups, Group.objects.bulk_create(
+            [Group(name=name) for name in self.schedule.groups])))
+        GroupShare.objects.bulk_create([GroupShare(group=groups[name], weight=weight)
+                                        for name, weight in self.schedule.groups.items()])
+        users = User.objects.bulk_create([User(username=name, email=f"{name}@example.org")
+                                          for name in self.schedule.users])
+        User.groups.through.objects.bulk_create([
+            User.groups.through(user_id=user.pk, group_id=groups[self.schedule.users[user.username][0]].pk)
+            for user in users])
+        Account.objects.bulk_create([Account(user=user, group=groups[group], inflight_cap=cap)
+                                     for user, (group, cap) in zip(users, self.schedule.users.values())])
+        for user in users:
+            self.users[user.username] = user
+            self.bulks[user.username] = []
 
     def _loop(self):
         period = Control.get().cycle_s
@@ -628,8 +681,8 @@ class Simulation:
 
     def _others(self, user):
         """What another user's requests look like: per state, how many, pinned, last changed."""
-        return sorted(RestoreRequest.objects.exclude(user=user).order_by().values_list("state").annotate(
-            n=Count("id"), pinned=Count("pin_until"), changed=Max("updated_at")))
+        return sorted((state, n, pinned, _moment(changed))
+                      for state, n, pinned, changed in _query(self.sql["others"], [user.pk]))
 
     # The loop ---------------------------------------------------------------------------------
 
@@ -670,39 +723,38 @@ class Simulation:
         # After locating and sending, the next tick has more to do only if work is left that
         # the loop may locate, claim or send (a cap, a choice per cycle, a job on a chain);
         # what was sent shows its progress at the library's next change.
-        if (report.located or report.submitted) and (
-                RestoreRequest.objects.filter(state=S.QUEUED).exists()
-                or Job.objects.filter(state=JobState.PENDING).exists()):
+        if (report.located or report.submitted) and _query(self.sql["more_to_send"])[0][0]:
             return soon
         # Deliveries the cycle dispatched were run by the worker since: the next tick has more
         # to dispatch only if some wait for room (deliveries_per_fs). While the message broker
         # refuses tasks, a dispatch is refused again at each tick until it comes back: nothing
         # to see until then (its end wakes the loop).
-        if report.delivering and not self.active("broker_refuses") and RestoreRequest.objects.filter(
-                state=S.DELIVERING, delivery_started_at__isnull=True).exists():
+        if report.delivering and not self.active("broker_refuses") and _query(self.sql["undispatched"])[0][0]:
             return soon
         # Stager calls: more are due now than a cycle sends (later ones are moments below).
-        if report.stager_calls and StagerCall.objects.filter(next_at__lte=self.now()).exists():
+        if report.stager_calls and _query(self.sql["calls_due"],
+                                          [connection.ops.adapt_datetimefield_value(self.now())])[0][0]:
             return soon
         if replay.next_change(self.library, horizon=soon) is not None:
             return soon
-        control = Control.get()
+        # The control row as _setup read it: of its fields, the simulated operator changes only
+        # the pause, caps and drives, the loop only its last cycle's time and error, and none of
+        # those is read here.
+        control = self.control
         candidates = [replay._loop_deadline(control, now)]
         if events:
             candidates.append(events[0][0])
         # A fault's end may let work go on; its start changes nothing until the loop calls.
         for fault in WAKING_FAULTS:
             candidates += [b for a, b in self.schedule.windows.get(fault, ()) if b > now]
-        firsts = RestoreRequest.objects.aggregate(
-            pin=Min("pin_until"), locate=Min("locate_after", filter=Q(state=S.QUEUED, tape__isnull=True)),
-            lease=Min("delivery_started_at", filter=Q(state=S.DELIVERING)))
-        moments = [firsts["pin"], firsts["locate"]]
-        if firsts["lease"]:
-            moments.append(firsts["lease"] + timedelta(seconds=6 * 3600))
-        moments.append(StagerCall.objects.aggregate(m=Min("next_at"))["m"])
+        pin, locate, lease, call = (_moment(m) for m in _query(self.sql["firsts"])[0])
+        moments = [pin, locate]
+        if lease:
+            moments.append(lease + timedelta(seconds=6 * 3600))
+        moments.append(call)
         # Jobs' deadlines (carousel/loop/deadlines.py): marked overdue, given up a cycle later.
-        for chain, sent_at, progress_at, estimate, overdue in Job.objects.filter(state=JobState.SENT).values_list(
-                "chain", "sent_at", "progress_at", "estimate_s", "overdue_at"):
+        for chain, sent_at, progress_at, estimate, overdue in _query(self.sql["sent_jobs"]):
+            sent_at, progress_at = _moment(sent_at), _moment(progress_at)
             if overdue:
                 candidates.append(now + period)
             elif sent_at:
@@ -831,10 +883,9 @@ class Simulation:
 
     def _no_orphans(self):
         """After a cycle that ran through: a request in flight is in a job the loop follows."""
-        lost = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).exclude(
-            job__state__in=(JobState.PENDING, JobState.SENT))
-        if lost.exists():
-            row = lost.values_list("id", "path", "state", "job__state").first()
+        lost = _query(self.sql["orphan"])
+        if lost:
+            row = lost[0]
             self.fail("a request not final is so for a reason the broker can name",
                       f"request {row[0]} ({row[1]}) is {row[2]} in a job that is {row[3]}")
 
@@ -843,7 +894,7 @@ class Simulation:
         and the intake holds what the submissions say is pending. One statement (raw SQL: the
         checks run after every step, and the ORM's compiling would cost more than the loop)."""
         with connection.cursor() as cursor:
-            cursor.execute(self.accounted_sql)
+            cursor.execute(self.sql["accounted"])
             rows = cursor.fetchall()
         for bulk_id, files, counted in rows:
             if bulk_id is None:
@@ -859,7 +910,7 @@ class Simulation:
     def _counters(self):
         """The trigger-kept counters against a recount, in one statement."""
         with connection.cursor() as cursor:
-            cursor.execute(self.counters_sql)
+            cursor.execute(self.sql["counters"])
             drift = cursor.fetchone()
         if any(drift):
             names = ("per user and state", "backlog per user", "backlog per user and tape")
@@ -888,16 +939,16 @@ class Simulation:
         idle = sum(1 for d in self.library.drives if d.phase == "idle")
         if not idle or self.library.queue:
             return "no drive is free"
-        busy_tapes = set(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).values_list(
-            "tape_id", flat=True))
-        ready = RestoreRequest.objects.filter(READY, tape__quarantined_at__isnull=True).exclude(
-            tape_id__in=[t for t in busy_tapes if t is not None])
-        waiting = dict(ready.order_by().values_list("user_id").annotate(n=Count("id")))
+        waiting = dict(_query(self.sql["waiting"]))
         if not waiting:
             return "no work waits (or only on tapes in use or quarantined)"
         control = Control.get()
         if control.paused:
             return "operator pause"
+        busy_tapes = set(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).values_list(
+            "tape_id", flat=True))
+        ready = RestoreRequest.objects.filter(READY, tape__quarantined_at__isnull=True).exclude(
+            tape_id__in=[t for t in busy_tapes if t is not None])
         health = StagerHealth.get()
         if health.state != "healthy":
             return f"the stager is judged {health.state} ({health.reason})"

@@ -394,32 +394,32 @@ def _loop_deadline(row, now, *, epoch=EPOCH):
     from carousel.models import ACTIVE_STATES, Job, JobState, RequestState, RestoreRequest, StagerHealth
 
     moments = []
-    # One pass over the requests for all three (a replay's SQLite scans for each).
+    at = epoch + timedelta(seconds=now)
+    # One pass over the requests for all of theirs, one over the jobs for theirs (a replay's
+    # SQLite scans for each; the fault simulator asks after most cycles).
     first = RestoreRequest.objects.aggregate(
         retry=Min("retry_at", filter=Q(state=RequestState.RETRY)),
         deadline=Min("deadline", filter=Q(state__in=ACTIVE_STATES, deadline__isnull=False)),
-        oldest=Min("created_at", filter=Q(state=RequestState.QUEUED)))
+        oldest=Min("created_at", filter=Q(state=RequestState.QUEUED)),
+        # The wear rules (carousel/loop/wear.py) free a held run when its oldest request has
+        # waited mount_max_wait_s, or its tape's remount delay ends: the next of each.
+        held=Min("created_at", filter=Q(state=RequestState.QUEUED, created_at__gt=at - timedelta(
+            seconds=row.mount_max_wait_s))))
+    jobs = Job.objects.aggregate(
+        progress=Max("progress_at", filter=Q(state=JobState.SENT)),
+        remount=Min("finished_at", filter=Q(sent_at__isnull=False, finished_at__gt=at - timedelta(
+            seconds=row.remount_delay_s))))
     moments += [m for m in (first["retry"], first["deadline"]) if m]
     if first["oldest"]:
         for wait in (row.max_wait_s, row.mount_max_wait_s):
             if wait > 0:
                 moments.append(first["oldest"] + timedelta(seconds=wait))
-        # The wear rules (carousel/loop/wear.py) free a held run when its oldest request has
-        # waited mount_max_wait_s, or its tape's remount delay ends: the next of each.
-        at = epoch + timedelta(seconds=now)
-        if row.mount_max_wait_s > 0:
-            nxt = RestoreRequest.objects.filter(state=RequestState.QUEUED, created_at__gt=at - timedelta(
-                seconds=row.mount_max_wait_s)).aggregate(m=Min("created_at"))["m"]
-            if nxt:
-                moments.append(nxt + timedelta(seconds=row.mount_max_wait_s))
-        if row.remount_delay_s > 0:
-            nxt = Job.objects.filter(sent_at__isnull=False, finished_at__gt=at - timedelta(
-                seconds=row.remount_delay_s)).aggregate(m=Min("finished_at"))["m"]
-            if nxt:
-                moments.append(nxt + timedelta(seconds=row.remount_delay_s))
-    progress = Job.objects.filter(state=JobState.SENT).aggregate(m=Max("progress_at"))["m"]
-    if progress:
-        moments.append(progress + timedelta(seconds=row.stall_after_s))
+        if row.mount_max_wait_s > 0 and first["held"]:
+            moments.append(first["held"] + timedelta(seconds=row.mount_max_wait_s))
+        if row.remount_delay_s > 0 and jobs["remount"]:
+            moments.append(jobs["remount"] + timedelta(seconds=row.remount_delay_s))
+    if jobs["progress"]:
+        moments.append(jobs["progress"] + timedelta(seconds=row.stall_after_s))
     if row.preempt_after_s > 0:  # a short mount waiting behind a long one may cut it
         waiting = Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT).aggregate(
             m=Min("created_at"))["m"]
