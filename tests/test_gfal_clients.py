@@ -61,7 +61,9 @@ def carousel_server(worker, tmp_path):  # noqa: F811
         env = dict(os.environ, DATABASE_URL=_test_database_url(), CAROUSEL_VAR_DIR=str(tmp_path),
                    CAROUSEL_STAGER="simulated", CAROUSEL_STAGER_OPTIONS='{"speedup": 2000}', **extra_env)
         proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "carousel.wsgi", "-b", f"127.0.0.1:{port}",
-                                 "-w", "2", "--log-level", "warning"], env=env,
+                                 # One worker: the clients send one request at a time, and
+                                 # each worker costs a start of Django (about 1.7 s of CPU).
+                                 "-w", "1", "--log-level", "warning"], env=env,
                                 stdout=open(tmp_path / f"gunicorn-{port}.log", "wb"), stderr=subprocess.STDOUT)
         proc.log_path = tmp_path / f"gunicorn-{port}.log"  # a file: an unread pipe would block its logging
         procs.append(proc)

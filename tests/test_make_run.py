@@ -4,9 +4,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
+SIGINT_AT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                     "os.execvp(sys.argv[1], sys.argv[1:])")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Not `make run`'s doing: the environment, and what other tests running at the same time leave.
 NOT_OURS = {".git", ".venv", "__pycache__", ".pytest_cache", "test-artifacts", ".hypothesis"}
@@ -49,6 +52,25 @@ def _processes_of(var):
     return pids
 
 
+def _described(pids):
+    """What a person would ask `ps` about each process: its group, its session, its state and
+    what it waits in, its command."""
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/wchan") as f:
+                wchan = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"pid {pid} ppid {fields[1]} pgid {fields[2]} sid {fields[3]} state {fields[0]} "
+                     f"wchan {wchan}: {command[:200]}")
+    return "\n".join(lines)
+
+
 def test_make_run_stops_quietly_on_ctrl_c_and_writes_only_under_its_var_dir(tmp_path):
     var = tmp_path / "var"
     port = _free_port()
@@ -57,7 +79,11 @@ def test_make_run_stops_quietly_on_ctrl_c_and_writes_only_under_its_var_dir(tmp_
     before = _tree()
     # `-o venv -o client`: the suite's own make has just made them; a test never reinstalls the
     # environment it runs in. A session of its own, as a terminal's foreground job is.
-    proc = subprocess.Popen(["make", "-o", "venv", "-o", "client", "run", f"ADDR=127.0.0.1:{port}"], cwd=ROOT,
+    # SIGINT at its default, as a terminal's shell leaves it: a process that starts with it
+    # ignored can never trap it (POSIX shells), and this one's may have been set to be ignored
+    # by whatever ran in it before (it was, once: make and its shell then ignored the Ctrl-C).
+    proc = subprocess.Popen([sys.executable, "-c", SIGINT_AT_DEFAULT, "make", "-o", "venv", "-o", "client", "run",
+                             f"ADDR=127.0.0.1:{port}"], cwd=ROOT,
                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
@@ -68,7 +94,13 @@ def test_make_run_stops_quietly_on_ctrl_c_and_writes_only_under_its_var_dir(tmp_
             time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals its foreground group
         # Until every process that shares its output has ended.
-        out, _ = proc.communicate(timeout=120)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired as stuck:
+            said = stuck.output or b""  # bytes, even from a text-mode pipe
+            said = said.decode(errors="replace") if isinstance(said, bytes) else said
+            raise AssertionError(f"make run was still running 120 s after Ctrl-C:\n{_described(_processes_of(var))}\n"
+                                 f"its output:\n{said[-4000:]}") from None
         left = _processes_of(var)
     finally:
         for pid in _processes_of(var):

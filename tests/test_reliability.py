@@ -191,19 +191,26 @@ def test_restarting_postgresql_in_the_middle_of_a_run_loses_nothing_and_logs_the
     argv = shlex.split((data / "postmaster.opts").read_text())
     options = " ".join(shlex.quote(a) for i, a in enumerate(argv[1:], 1) if a != "-D" and argv[i - 1] != "-D")
     setup_loop()
+    # Paused (the loop locates, sends nothing) until this test has the server to itself, so
+    # that the outage still falls in the middle of the run however long the others take to
+    # leave their tests.
+    Control.objects.filter(id=1).update(paused=True)
     restore_submit(user=alice, now=now, paths=list(json.loads((site / "catalogue.json").read_text())))
     connections.close_all()
     worker = Worker(tmp_path, site, os.environ["REDIS_URL"])
     try:
+        started = timezone.now()
+        worker.start()
+        wait_for_a_cycle(worker, since=started)  # start-up (seconds) while the others go on
         # Every xdist worker's test database is on that server: the others are held off from
-        # before the start (so that the outage still falls in the middle of the run, however
-        # long they take to leave their tests) until the server is back, not while the worker
-        # finishes the run.
+        # the resumption until the server is back, not while the worker finishes the run.
         with parallel.alone():
-            started = timezone.now()
-            worker.start()
-            wait_for_a_cycle(worker, since=started)
+            resumed = timezone.now()
+            Control.objects.filter(id=1).update(paused=False)
+            wait_for_a_cycle(worker, since=resumed)
             time.sleep(2)
+            assert RestoreRequest.objects.exclude(state="done").exists()  # the outage falls mid-run
+            connections.close_all()
             subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
                            check=True, stdout=subprocess.DEVNULL)
             time.sleep(6)  # twenty ticks of the worker with no database

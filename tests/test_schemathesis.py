@@ -97,7 +97,9 @@ class LiveAPI:
         # Its log to a file: a pipe nobody reads fills up, and the server blocks on its next log line.
         self.log_path = tmp_path / "gunicorn.log"
         with open(self.log_path, "wb") as log:
-            self.server = subprocess.Popen([str(BIN / "gunicorn"), "-w", "2", "-b", self.base.removeprefix("http://"),
+            # One worker: schemathesis sends one request at a time (its default, --workers 1),
+            # and each gunicorn worker costs a start of Django (about 1.7 s of CPU).
+            self.server = subprocess.Popen([str(BIN / "gunicorn"), "-w", "1", "-b", self.base.removeprefix("http://"),
                                             "--timeout", "60", "carousel.wsgi"], cwd=ROOT, env=env,
                                            stdout=subprocess.DEVNULL, stderr=log)
         self.server.log_path = self.log_path
@@ -125,14 +127,44 @@ class LiveAPI:
             [str(BIN / "schemathesis"), "run", f"{self.base}/api/schema/", "-H", f"Authorization: Token {self.token}",
              "--checks", "not_a_server_error,response_schema_conformance", "-n", "50", "--seed", "3",
              "--request-timeout", "30", "--phases", phases, *_filters(group),
-             "--report-dir", str(tmp_path / "report")],
-            cwd=tmp_path, env=self.env, capture_output=True, text=True, timeout=600)
+             "--report-dir", str(tmp_path / "report"),
+             # Where it was before hypothesis_storage(): this run's own, not the shared directory.
+             "--generation-database", str(tmp_path / ".hypothesis" / "examples")],
+            cwd=tmp_path, env=dict(self.env, HYPOTHESIS_STORAGE_DIRECTORY=str(hypothesis_storage())),
+            capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
         print(done.stdout[-3000:])
         assert "No issues found" in done.stdout or "passed" in done.stdout, done.stdout[-3000:]
         tested = re.search(r"^ *Tested: (\d+)", done.stdout, re.M)
         assert tested and int(tested[1]) > 0, done.stdout[-3000:]  # a group that matches nothing tests nothing
         return done.stdout
+
+
+def hypothesis_storage():
+    """Hypothesis's storage directory for the run's schemathesis processes, with its Unicode
+    tables already built. Hypothesis builds them on first use (the characters each codec can
+    encode: a walk over every code point, about 2.5 s of CPU) and keeps them in its storage
+    directory, by default `.hypothesis` under the working directory: a new one for each run
+    here. Built once a run, by the first xdist worker that needs it, through the strategies
+    schemathesis draws its strings from."""
+    path = parallel.run_dir() / "hypothesis"
+    with parallel.file_lock(parallel.run_dir() / "hypothesis.lock"):
+        if not (path / "built").exists():
+            subprocess.run([str(BIN / "python"), "-c", WARM_HYPOTHESIS], cwd=parallel.run_dir(), check=True,
+                           env=dict(os.environ, HYPOTHESIS_STORAGE_DIRECTORY=str(path)), timeout=300)
+            (path / "built").touch()
+    return path
+
+
+# schemathesis's strings: text over the codec it is told (utf-8 by default).
+WARM_HYPOTHESIS = """
+from hypothesis import given, settings, strategies as st
+@settings(max_examples=1, database=None)
+@given(st.text(), st.characters(codec="utf-8"))
+def draw(text, char):
+    pass
+draw()
+"""
 
 
 def _private_redis_url():

@@ -6,6 +6,7 @@
         iss.mint(sub="alice", scope="storage.stage:/data", aud="https://carousel.test")
         iss.fetches                              # JWKS fetches so far
         iss.down = True                          # every request answers 503"""
+import functools
 import json
 import threading
 import time
@@ -16,10 +17,17 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 
+@functools.cache
+def _first_keys():
+    """The keys every issuer starts with, made once a process: an RSA key costs about 65 ms of
+    CPU, and the suite starts an issuer in some forty tests. Each issuer keeps its own dict."""
+    return {"rsa-1": ("RS256", rsa.generate_private_key(public_exponent=65537, key_size=2048)),
+            "ec-1": ("ES256", ec.generate_private_key(ec.SECP256R1()))}
+
+
 class Issuer:
     def __init__(self):
-        self.keys = {"rsa-1": ("RS256", rsa.generate_private_key(public_exponent=65537, key_size=2048)),
-                     "ec-1": ("ES256", ec.generate_private_key(ec.SECP256R1()))}
+        self.keys = dict(_first_keys())
         self.fetches = 0
         self.down = False
         self._httpd = None
