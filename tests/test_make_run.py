@@ -79,9 +79,11 @@ def test_make_run_stops_quietly_on_ctrl_c_and_writes_only_under_its_var_dir(tmp_
     before = _tree()
     # `-o venv -o client`: the suite's own make has just made them; a test never reinstalls the
     # environment it runs in. A session of its own, as a terminal's foreground job is.
-    # SIGINT at its default, as a terminal's shell leaves it: a process that starts with it
-    # ignored can never trap it (POSIX shells), and this one's may have been set to be ignored
-    # by whatever ran in it before (it was, once: make and its shell then ignored the Ctrl-C).
+    # SIGINT at its default, as a terminal's shell leaves it: a shell that starts with it
+    # ignored can never trap it (POSIX), and the suite's processes start with it ignored when
+    # the suite itself was started in the background (`make test &`: a shell without job control
+    # ignores SIGINT in what it starts there). make and its shell then ignored the Ctrl-C, unless
+    # an earlier test in the same xdist worker happened to install a handler (exec resets that).
     proc = subprocess.Popen([sys.executable, "-c", SIGINT_AT_DEFAULT, "make", "-o", "venv", "-o", "client", "run",
                              f"ADDR=127.0.0.1:{port}"], cwd=ROOT,
                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
