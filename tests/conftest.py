@@ -20,7 +20,7 @@ def pytest_configure(config):
     settings.PASSWORD_HASHERS = ["tests.hashers.OneRoundPBKDF2", *settings.PASSWORD_HASHERS]
     # WhiteNoise walks every static file the finders know (the admin's, DRF's, the pages') each
     # time its middleware is built, and Django's test clients build the middleware anew for each
-    # client: about 25 ms a client, a minute of CPU over the suite. Looking a file up when it is
+    # client: loading the middleware took 38 ms, 0.4 ms without the walk. Looking a file up when it is
     # asked for (WhiteNoise's development mode) serves the same files; only this process: the
     # servers a test starts keep the shipped setting.
     settings.WHITENOISE_AUTOREFRESH = True
