@@ -145,8 +145,8 @@ def hypothesis_storage():
     tables already built. Hypothesis builds them on first use (the characters each codec can
     encode: a walk over every code point, 2.3 s of CPU; 0.001 s read from a built directory)
     and keeps them in its storage directory, by default `.hypothesis` under the working
-    directory: a new one for each run here. Built once a run, by the first xdist worker that needs it, through the strategies
-    schemathesis draws its strings from."""
+    directory: a new one for each run here. Built once a run, by the first xdist worker that
+    needs it, through the strategies schemathesis draws its strings from."""
     path = parallel.run_dir() / "hypothesis"
     with parallel.file_lock(parallel.run_dir() / "hypothesis.lock"):
         if not (path / "built").exists():
