@@ -133,8 +133,11 @@ class LiveAPI:
              "--checks", "not_a_server_error,response_schema_conformance", "-n", "50", "--seed", "3",
              "--request-timeout", "30", "--phases", phases, *_filters(group),
              "--report-dir", str(tmp_path / "report"),
-             # Where it was before hypothesis_storage(): this run's own, not the shared directory.
-             "--generation-database", str(tmp_path / ".hypothesis" / "examples")],
+             # No examples database: this run's would be in its temporary directory, which no
+             # later run reads, and keeping one made Hypothesis shrink the pareto front of its
+             # targets for that next run (requests-and-bulks on PostgreSQL: 21.6 s of CPU with it,
+             # 17.2 s without, 1118 and 1128 cases; every failure is still reported, with its seed).
+             "--generation-database", "none"],
             cwd=tmp_path, env=dict(self.env, HYPOTHESIS_STORAGE_DIRECTORY=str(hypothesis_storage())),
             capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
