@@ -4,10 +4,11 @@ its failures, to download; where each restored file is in every answer that show
 import csv
 import io
 import re
+import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -203,3 +204,44 @@ def test_the_summary_keeps_the_submissions_own_fields(alice, now):
     bulk = restore_submit(user=alice, now=now, paths=["/k/1"], label="run 9").bulk
     body = client_for(alice).get(f"/api/v1/bulks/{bulk.id}/summary/").json()
     assert (body["id"], body["user"], body["label"], body["files"]) == (str(bulk.id), "alice", "run 9", 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_counts_add_up_while_the_loop_finishes_files_during_the_answer(alice, now):
+    """The summary's counts come from several statements (the finished files, then those still
+    active): they are read in one snapshot, so files the loop finishes between two of them are
+    neither lost nor counted twice. Seen in the suite: a page said `finished`, 185 of 200
+    restored, after the last job's 15 files were done between the two statements."""
+    bulk = restore_submit(user=alice, now=now, paths=[f"/race/{i}" for i in range(20)]).bulk
+    locate_requests(now=now, stager=ImmediateStager(), limit=10_000)
+    job = Job.objects.create(created_at=now, state="sent", chain="LTO-8/1")
+    RestoreRequest.objects.filter(path__in=[f"/race/{i}" for i in range(10)]).update(
+        state="done", finished_at=now, staged_path="/stage")
+    RestoreRequest.objects.filter(state="queued").update(state="staging", job=job, submitted_at=now, started_at=now)
+
+    def loop_finishes_the_job():
+        try:
+            with transaction.atomic():
+                RestoreRequest.objects.filter(job=job).update(state="done", finished_at=now, staged_path="/stage")
+                Job.objects.filter(id=job.id).update(state="done")
+        finally:
+            connections.close_all()
+
+    done = []
+
+    def after_the_finished_files_are_read(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not done and 'MIN("carousel_restorerequest"."finished_at")' in sql:
+            done.append(sql)
+            other = threading.Thread(target=loop_finishes_the_job)  # a connection of its own
+            other.start()
+            other.join()
+        return result
+
+    with connection.execute_wrapper(after_the_finished_files_are_read):
+        body = client_for(alice).get(f"/api/v1/bulks/{bulk.id}/summary/").json()
+    assert done, "the finished files' statement was not seen"
+    assert RestoreRequest.objects.filter(bulk=bulk, state="done").count() == 20  # the loop did commit
+    assert sum(body["counts"].values()) == body["files"] == 20, body["counts"]
+    assert body["counts"]["restored"] == 10 and body["counts"]["being_read"] == 10, body["counts"]
+    assert body["finished"] is False

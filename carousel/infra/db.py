@@ -6,13 +6,32 @@ import zlib
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F, Lookup, Q
 from django.db.models.expressions import RawSQL
 
 
 def is_postgres():
     return connection.vendor == "postgresql"
+
+
+@contextlib.contextmanager
+def one_snapshot():
+    """Reads that must agree with each other (a submission's files per step, which add up to its
+    files) see one state of the database, whatever the loop commits meanwhile. PostgreSQL's
+    default, READ COMMITTED, gives each statement its own snapshot: files the loop finished
+    between two statements were counted by neither (a page said "finished", 185 of 200
+    restored). A REPEATABLE READ transaction reads one snapshot, taken at its first statement;
+    SQLite's read transaction already does. Inside a transaction already open, its own
+    isolation holds (it can only be set before the first statement)."""
+    if connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        if is_postgres():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
 
 
 def insert_rows(model, columns, rows, *, ids=True):

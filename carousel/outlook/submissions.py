@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from carousel.domain.selectors.submissions import SubmissionFigures, submission_figures
+from carousel.infra import db
 from carousel.models import RestoreRequest
 from carousel.outlook import estimates
 
@@ -60,6 +61,11 @@ def submission_summaries(bulks, *, user, now, ctx=None):
     """{bulk id: SubmissionSummary} for submissions of one user (`user`, whose queue the
     estimate reads); a few queries for the whole page of them."""
     bulks = list(bulks)
+    with db.one_snapshot():  # the estimates agree with the counts (as the counts among themselves)
+        return _summaries(bulks, user=user, now=now, ctx=ctx)
+
+
+def _summaries(bulks, *, user, now, ctx):
     figures = submission_figures(bulks)
     wanted = set()
     for fig in figures.values():

@@ -8,6 +8,7 @@ from datetime import datetime
 from django.db.models import Count, Max, Min, Sum
 
 from carousel.domain.paths import delivery_target
+from carousel.infra import db
 from carousel.models import (
     ACTIVE_STATES, TERMINAL_STATES, Bulk, JobState, RequestState, RestoreRequest,
 )
@@ -72,7 +73,15 @@ def submission_figures(bulks):
     out = {b.pk: SubmissionFigures() for b in bulks}
     if not bulks:
         return out
+    with db.one_snapshot():
+        return _figures(bulks, out)
+
+
+def _figures(bulks, out):
     ids = list(out)
+    # What the intake still holds, read again in this snapshot: the rows `bulks` came from
+    # were read before it, and the intake moves files from there into the queue.
+    pending = dict(Bulk.objects.filter(pk__in=ids).values_list("pk", "pending"))
     for qs, by in _membership(ids):
         rows = (qs.filter(state__in=TERMINAL_STATES).order_by().values_list(by, "state")
                 .annotate(n=Count("id"), b=Sum("size"), first=Min("finished_at"), last=Max("finished_at")))
@@ -99,10 +108,10 @@ def submission_figures(bulks):
                                           first_id=lo, last_id=hi, retry_at=retry))
     for bulk in bulks:
         fig = out[bulk.pk]
-        if bulk.pending:  # still in the intake: queued, not located (carousel/domain/intake.py)
-            fig.counts["queued"] += bulk.pending
-            fig.not_located += bulk.pending
-            fig.active.append(ActiveGroup(step="queued", state=S.QUEUED, tape=None, chain="", files=bulk.pending,
+        if pending.get(bulk.pk):  # still in the intake: queued, not located (carousel/domain/intake.py)
+            fig.counts["queued"] += pending[bulk.pk]
+            fig.not_located += pending[bulk.pk]
+            fig.active.append(ActiveGroup(step="queued", state=S.QUEUED, tape=None, chain="", files=pending[bulk.pk],
                                           first_id=None, last_id=None, retry_at=None))
         fig.active.sort(key=lambda g: -g.files)
     return out
