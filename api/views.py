@@ -310,7 +310,7 @@ class Summary(APIView):
         # A token's summary counts only the requests its scopes let it read.
         scoped = policy.visible_requests(who).filter(user=request.user) if who.grant else None
         body = selectors.queue_summary(user=request.user, requests=scoped)
-        drive = shares.drive_time_shares(now=timezone.now())
+        drive = shares.drive_time_share_of(request.user.id, now=timezone.now())
         body["drive_share"] = {"share": drive.of_user(request.user.id), "period": drive.period,
                                "since": drive.since, "until": drive.until}
         return Response(body)

