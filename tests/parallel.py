@@ -62,17 +62,22 @@ def pytest_load_initial_conftests(early_config, parser, args):
     index, url = worker_index(), os.environ.get("REDIS_URL")
     if index is not None and url:
         os.environ["REDIS_URL"] = urlunsplit(urlsplit(url)._replace(path=f"/{FIRST_WORKER_REDIS_DB + index}"))
+    if RUN_DIR not in os.environ:  # the process that starts the workers, or the only one
+        # Readable by others: an unprivileged XRootD runs programs installed here.
+        path = Path(tempfile.mkdtemp(prefix="carousel-tests-", dir="/tmp"))
+        path.chmod(0o755)
+        os.environ[RUN_DIR] = str(path)  # the workers, started later, inherit it
+        early_config.stash[_run_dir_key] = path
+    # What the tests' code writes under VAR_DIR (replay templates, file queues, the HPSS fake's
+    # jobs), and the processes they start that are not given a directory of their own: under the
+    # run's directory, one for each worker, never in the working tree (where test_make_run saw
+    # another test's replay template appear while it checked that `make run` wrote nothing there).
+    os.environ["CAROUSEL_VAR_DIR"] = str(run_dir() / f"var-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "runs_alone: stops a server the other xdist workers use, so runs while "
                                        "they wait")
-    if not hasattr(config, "workerinput"):  # the process that starts the workers, or the only one
-        # Readable by others: an unprivileged XRootD runs programs installed here.
-        path = Path(tempfile.mkdtemp(prefix="carousel-tests-", dir="/tmp"))
-        path.chmod(0o755)
-        os.environ[RUN_DIR] = str(path)  # the workers, started later, inherit it
-        config.stash[_run_dir_key] = path
 
 
 def drop_database_at_the_end(name):
