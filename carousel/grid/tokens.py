@@ -16,7 +16,6 @@ import re
 import time
 from dataclasses import dataclass, field
 
-import httpx
 import jwt
 from celery import shared_task
 from django.conf import settings
@@ -59,6 +58,8 @@ def _cache_key(issuer):
 
 
 def _fetch_jwks(issuer):
+    import httpx  # see refresh_keys
+
     with httpx.Client(timeout=settings.CAROUSEL_WLCG_FETCH_TIMEOUT_S) as client:
         conf = client.get(issuer.rstrip("/") + "/.well-known/openid-configuration")
         conf.raise_for_status()
@@ -73,6 +74,11 @@ def _fetch_jwks(issuer):
 def refresh_keys(issuer, *, force=False):
     """Fetch the issuer's keys unless another process did within the fetch gap (force: the
     scheduled refresh). A failure keeps the last good set. Returns the cached entry or None."""
+    # Imported here, not with the module, which every start of Django imports (the API schema
+    # names the token scheme): httpx imports its command line's rich and click when they are
+    # installed (schemathesis brings them), 119 ms of every Celery worker's and server's start.
+    import httpx
+
     key = _cache_key(issuer)
     gap = settings.CAROUSEL_WLCG_FETCH_GAP_S
     if not cache.add(key + ":fetching", 1, timeout=gap) and not force:
