@@ -53,7 +53,7 @@ def main():
     import django
 
     django.setup()
-    from django.contrib.auth.models import Group, User
+    from django.contrib.auth.models import Group, Permission, User
     from django.core.management import call_command
     from django.db import connection
     from django.utils import timezone
@@ -64,7 +64,10 @@ def main():
     call_command("migrate", verbosity=0)
     for g in range(4):
         Group.objects.get_or_create(name=f"bench{g}")
+    # An operator: the report's every line needs the view permission on usage (is_staff alone
+    # shows its own line since staff powers follow Django's permissions).
     staff, _ = User.objects.get_or_create(username="bench-staff", defaults={"is_staff": True})
+    staff.user_permissions.add(Permission.objects.get(content_type__app_label="carousel", codename="view_usageday"))
     for u in range(100):
         User.objects.get_or_create(username=f"bench{u:03d}")
     Tape.objects.bulk_create([Tape(label=f"B{t:05d}", media="LTO-8") for t in range(2000)], ignore_conflicts=True)
