@@ -110,8 +110,9 @@ def test_the_live_page_and_the_usage_report_give_each_activity_the_same_share(to
 def test_one_users_share_read_alone_is_the_figure_of_every_users(today, alice, charlie, operator):
     """The summary every client polls reads the caller's share alone (drive_time_share_of): the
     same figure as every user's pass, for a user with finished mounts only (alice), one with a
-    mount on a drive now too (charlie) and one with none (operator), in two statements whatever
-    the number of users, none of them grouped by user or group."""
+    mount on a drive now too (charlie) and one with none (operator), in three statements whatever
+    the number of users (the day's usage, the jobs on the drives, their files in flight), none
+    of them grouped by user or group."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -122,7 +123,7 @@ def test_one_users_share_read_alone_is_the_figure_of_every_users(today, alice, c
             alone = shares.drive_time_share_of(user.id, now=now)
         assert alone.of_user(user.id) == pytest.approx(everyone.of_user(user.id), abs=1e-9), user
         assert alone.total_s == pytest.approx(everyone.total_s) and alone.period == everyone.period
-        assert len(queries.captured_queries) == 2, [q["sql"] for q in queries.captured_queries]
+        assert len(queries.captured_queries) == 3, [q["sql"] for q in queries.captured_queries]
         grouped_by = [q["sql"].upper().partition("GROUP BY")[2] for q in queries.captured_queries]
         assert not [by for by in grouped_by if '"USER_ID"' in by or '"GROUP_' in by], grouped_by
     assert charlie.id in everyone.users and operator.id not in everyone.users

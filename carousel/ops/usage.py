@@ -131,25 +131,28 @@ def drive_seconds(*, since, until, by="user", now=None, of=None):
     if now is not None and since < now:
         end = min(until, now)
         column = "user_id" if by == "user" else "group_id"
-        # The jobs on the drives now and their requests in flight, in one statement.
-        on_drives = (RestoreRequest.objects.filter(job__state=JobState.SENT, job__sent_at__lt=end,
-                                                   state__in=IN_FLIGHT_STATES).order_by())
+        # The jobs on the drives now (bounded by the jobs in flight), then their requests in
+        # flight by those ids: one statement joining the two took 64-89 ms against 27-32 ms for
+        # the two (5,000 files in 50 jobs, 1,000,000 queued: PostgreSQL intersected the job and
+        # in-flight indexes once a job).
+        held = {job: _held(end, since, sent_at) for job, sent_at in
+                Job.objects.filter(state=JobState.SENT, sent_at__lt=end).values_list("id", "sent_at")}
+        on_drives = RestoreRequest.objects.filter(job_id__in=list(held), state__in=IN_FLIGHT_STATES).order_by()
         if of is None:
-            rows = list(on_drives.values_list("job_id", "job__sent_at", column).annotate(n=Count("id"))
-                        .values_list("job_id", "job__sent_at", column, "n"))
+            rows = list(on_drives.values_list("job_id", column).annotate(n=Count("id")).values_list(
+                "job_id", column, "n"))
             totals = {}
-            for job, _, _, n in rows:
+            for job, _, n in rows:
                 totals[job] = totals.get(job, 0) + n
-            for job, sent_at, k, n in rows:
+            for job, k, n in rows:
                 k = k if by == "user" else (k or 0)
-                seconds[k] = seconds.get(k, 0.0) + _held(end, since, sent_at) * n / totals[job]
+                seconds[k] = seconds.get(k, 0.0) + held[job] * n / totals[job]
         else:
-            for sent_at, n, mine in (on_drives.values_list("job_id", "job__sent_at")
-                                     .annotate(n=Count("id"), mine=Count("id", filter=Q(user_id=of)))
-                                     .values_list("job__sent_at", "n", "mine")):
-                held = _held(end, since, sent_at)
-                seconds[of] += held * mine / n
-                others += held * (n - mine) / n
+            for job, n, mine in (on_drives.values_list("job_id")
+                                 .annotate(n=Count("id"), mine=Count("id", filter=Q(user_id=of)))
+                                 .values_list("job_id", "n", "mine")):
+                seconds[of] += held[job] * mine / n
+                others += held[job] * (n - mine) / n
     return seconds, sum(seconds.values()) + others
 
 

@@ -132,7 +132,7 @@ def drive_time_shares(*, now, since=None, until=None):
 
 def drive_time_share_of(user_id, *, now):
     """One user's share of drive time today so far, the figure drive_time_shares gives it, read
-    for that user alone (two statements, summed by the database): for the answers every client
+    for that user alone (three statements, summed by the database): for the answers every client
     polls (the summary) and a user's own queue. Reading every user's and every group's, as the
     live page does, made the summary 2.9 times dearer (11.1 ms of CPU an answer, 3.9 before)."""
     since = usage.day_floor(now)
