@@ -91,9 +91,10 @@ test: venv client services
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test-python:
 	@# Bytecode for the project's own modules, written once (0.5 s of CPU) before the suite: with
-	@# PYTHONDONTWRITEBYTECODE set, as on CI's machines, a fresh clone has none, and each of the
-	@# hundred-odd Python processes the suite starts (Celery workers, gunicorns, manage.py runs)
-	@# compiled the modules it imports again (`manage.py check`: 2.0 s of CPU, 1.6 s with them).
+	@# PYTHONDONTWRITEBYTECODE set, as on this machine (CI runs on one like it), a fresh clone has
+	@# none, and each of the hundred-odd Python processes the suite starts (Celery workers,
+	@# gunicorns, manage.py runs) compiled the modules it imports again (`manage.py check`: 2.0 s
+	@# of CPU, 1.6 s with them).
 	$(PY) -m compileall -q -j 0 carousel api policies frontend tests manage.py
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
