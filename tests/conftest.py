@@ -26,6 +26,18 @@ def pytest_configure(config):
     settings.WHITENOISE_AUTOREFRESH = True
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """Each process's test database is made from a database migrated once a run (Django's TEST
+    TEMPLATE setting; tests/databases.py): pytest-django's migrate then finds every migration
+    applied, instead of each xdist worker migrating an empty database of its own."""
+    from django.conf import settings
+
+    from tests.databases import migrated_postgresql
+
+    settings.DATABASES["default"].setdefault("TEST", {})["TEMPLATE"] = migrated_postgresql()
+
+
 @pytest.fixture(autouse=True)
 def _eager_celery(settings):
     # Tasks fired by views (withdrawals at the stager) run inline here; the loop's own worker

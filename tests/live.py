@@ -1,5 +1,6 @@
 """A live Carousel for the thin clients' tests: the API on loopback (pytest-django's live server),
-a real Celery worker with beat driving the loop, and the simulated library with bytes, fast."""
+a real Celery worker with beat driving the loop (`carousel`; `carousel_at_rest` has none, for
+what the API answers alone), and the simulated library with bytes, fast."""
 import contextlib
 import json
 import os
@@ -88,6 +89,18 @@ def client_venv():
 
 @pytest.fixture
 def carousel(live_server, open_dir, settings, library_speedup):
+    """The API on loopback, the simulated library and a real worker with beat: the loop runs."""
+    yield from _carousel(live_server, open_dir, settings, library_speedup, worker=True)
+
+
+@pytest.fixture
+def carousel_at_rest(live_server, open_dir, settings, library_speedup):
+    """The same without the worker, for a test of what the API answers alone (a worker costs
+    about 2 s of CPU to start and 40 ms for each of its cycles, twice a second)."""
+    yield from _carousel(live_server, open_dir, settings, library_speedup, worker=False)
+
+
+def _carousel(live_server, open_dir, settings, library_speedup, *, worker):
     from carousel.models import Control
 
     tmp_path = open_dir
@@ -102,6 +115,9 @@ def carousel(live_server, open_dir, settings, library_speedup):
     settings.CAROUSEL_STAGER = "simulated"
     settings.CAROUSEL_STAGER_OPTIONS = options
     Control.objects.update_or_create(id=1, defaults={"cycle_s": 0.5})
+    if not worker:
+        yield Carousel(live_server.url, archive, disk, None)
+        return
     env = dict(os.environ, DATABASE_URL=_test_database_url(), CAROUSEL_TICK_S="0.5", CAROUSEL_VAR_DIR=str(tmp_path),
                CAROUSEL_STAGER="simulated", CAROUSEL_STAGER_OPTIONS=json.dumps(options))
     worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "carousel", "worker", "-B", "--pool=solo",

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from carousel.models import Control, RestoreRequest
-from tests.live import carousel, client_venv, open_dir, program  # noqa: F401 (fixtures)
+from tests.live import carousel, carousel_at_rest, client_venv, open_dir, program  # noqa: F401 (fixtures)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
 from carousel_client import api as client_api  # noqa: E402
@@ -140,7 +140,8 @@ def test_wait_reports_failures_and_cancellations_with_their_own_codes(carousel, 
     assert RestoreRequest.objects.filter(state="cancelled").count() == 2
 
 
-def test_each_error_has_its_message_and_exit_code(carousel, alice):
+def test_each_error_has_its_message_and_exit_code(carousel_at_rest, alice):
+    carousel = carousel_at_rest  # the API alone: no cycle is needed
     code, out, err = run(carousel, alice, "submit", "relative/path", "/fine", "--json")
     assert code == client_api.EXIT_REFUSED
     assert "refused:" in err and "line 1: relative/path: not an absolute path" in err
@@ -209,7 +210,8 @@ def test_the_client_honours_retry_after_and_backs_off():
     assert refused.value.code == client_api.EXIT_UNAVAILABLE and slept == [30.0, 30.0]
 
 
-def test_a_reader_that_goes_away_is_not_an_error(carousel, alice):
+def test_a_reader_that_goes_away_is_not_an_error(carousel_at_rest, alice):
+    carousel = carousel_at_rest  # the API alone: no cycle is needed
     # `carousel ls | head`: the pipe closes before the listing is written.
     assert run(carousel, alice, "submit", "/pipe/a", "/pipe/b")[0] == 0
     read_end, write_end = os.pipe()
@@ -390,7 +392,8 @@ def test_an_unreadable_configuration_file_is_one_line(tmp_path, capsys, monkeypa
     assert lines_of(capsys.readouterr().err) == [f"carousel: cannot read {ini}: it is not UTF-8 text"]
 
 
-def test_submit_names_an_activity_and_the_requests_get_its_priority(carousel, alice):
+def test_submit_names_an_activity_and_the_requests_get_its_priority(carousel_at_rest, alice):
+    carousel = carousel_at_rest  # the API alone: no cycle is needed
     from django.contrib.auth.models import Group
 
     from carousel.models import Activity, RestoreRequest

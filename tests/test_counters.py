@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from carousel.domain import selectors
 
-from . import counters_scenario
+from . import counters_scenario, databases
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,9 +22,9 @@ def test_counters_follow_every_write_path_on_postgresql(db, now):
 
 def test_counters_follow_every_write_path_on_sqlite(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(CAROUSEL_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="carousel.settings")
+    # A copy of a migrated database (tests/databases.py), not a migration of its own.
+    env.update(CAROUSEL_VAR_DIR=str(databases.sqlite_var_dir(tmp_path)), DJANGO_SETTINGS_MODULE="carousel.settings")
     code = ("import django; django.setup(); "
-            "from django.core.management import call_command; call_command('migrate', verbosity=0); "
             "from django.db import connection; assert connection.vendor == 'sqlite'; "
             "from django.utils import timezone; from tests import counters_scenario; "
             "counters_scenario.run(timezone.now()); print('counters OK')")

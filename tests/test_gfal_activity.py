@@ -7,8 +7,7 @@ from django.contrib.auth.models import Group
 from rest_framework.authtoken.models import Token
 
 from carousel.models import Activity, RestoreRequest
-from tests.test_gfal_clients import carousel_server, pytestmark  # noqa: F401 - the fixture, the skip
-from tests.test_worker import worker  # noqa: F401 - the fixture
+from tests.test_gfal_clients import api_server, pytestmark  # noqa: F401 - the fixture, the skip
 
 PY_GFAL2_STAGE = r"""
 import json, sys
@@ -20,9 +19,10 @@ print(json.dumps({"errors": [e and e.message for e in errors], "token": token}))
 """
 
 
-def test_gfal2_bring_online_carries_the_activity_and_the_request_gets_its_priority(carousel_server, alice):  # noqa: F811
+def test_gfal2_bring_online_carries_the_activity_and_the_request_gets_its_priority(api_server, alice):  # noqa: F811
     Activity.objects.create(group=Group.objects.get(name="analysis"), name="Express", priority=2, weight=3)
-    url = carousel_server({"CAROUSEL_TAPE_REST_SITENAME": "BNL-TAPE"})
+    # The API alone: the request's priority is set when it is taken, no cycle is needed.
+    url = api_server({"CAROUSEL_TAPE_REST_SITENAME": "BNL-TAPE"})
     token = Token.objects.create(user=alice).key
     surls = [f"{url}/data/express/f{i}" for i in range(2)]
     metadata = json.dumps({"BNL-TAPE": {"activity": "Express"}})

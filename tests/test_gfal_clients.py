@@ -52,8 +52,16 @@ def _free_port():
 
 
 @pytest.fixture
-def carousel_server(worker, tmp_path):  # noqa: F811
-    """gunicorn on loopback over the test database; `start(env)` returns its URL."""
+def carousel_server(worker, api_server):  # noqa: F811
+    """gunicorn on loopback over the test database, and the loop's worker; `start(env)` returns
+    the server's URL."""
+    return api_server
+
+
+@pytest.fixture
+def api_server(transactional_db, tmp_path):
+    """gunicorn on loopback over the test database, no worker (the API's answers alone);
+    `start(env)` returns its URL."""
     procs = []
 
     def start(extra_env):

@@ -224,9 +224,11 @@ def test_the_move_into_the_queue_dedupes_and_joins_on_sqlite(tmp_path):
     from pathlib import Path
 
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(CAROUSEL_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="carousel.settings")
+    from tests.databases import sqlite_var_dir
+
+    # A copy of a migrated database (tests/databases.py), not a migration of its own.
+    env.update(CAROUSEL_VAR_DIR=str(sqlite_var_dir(tmp_path)), DJANGO_SETTINGS_MODULE="carousel.settings")
     code = ("import django; django.setup()\n"
-            "from django.core.management import call_command; call_command('migrate', verbosity=0)\n"
             "from django.db import connection; assert connection.vendor == 'sqlite'\n"
             "from django.utils import timezone; from tests.test_intake import move_scenario\n"
             "from django.db import transaction\n"

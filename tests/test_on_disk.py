@@ -24,7 +24,7 @@ from carousel.models import Bulk, Job, RequestState as S, RestoreRequest
 from carousel.stagers.base import FileStatus
 from carousel.stagers.immediate import ImmediateStager
 from carousel.stagers.tape_rest import TapeRestStager
-from tests import counters_scenario
+from tests import counters_scenario, databases
 from tests.conftest import a_backend_waits_for_a_lock
 from tests.fakes.tape_rest_server import TapeRestServer
 
@@ -317,7 +317,6 @@ SQLITE_SERVED = """
 import warnings; warnings.simplefilter("error", RuntimeWarning)
 import django; django.setup()
 from datetime import timedelta
-from django.core.management import call_command; call_command("migrate", verbosity=0)
 from django.db import connection; assert connection.vendor == "sqlite"
 from django.utils import timezone
 from carousel.domain.services import restore_submit
@@ -339,7 +338,8 @@ def test_on_the_embedded_sqlite_default_a_served_pin_is_the_copys_own_moment(tmp
     request's pin must be that moment, not a naive time Django would take for the site's zone
     (a RuntimeWarning, an error here)."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(CAROUSEL_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="carousel.settings")
+    # A copy of a migrated database (tests/databases.py), not a migration of its own.
+    env.update(CAROUSEL_VAR_DIR=str(databases.sqlite_var_dir(tmp_path)), DJANGO_SETTINGS_MODULE="carousel.settings")
     done = subprocess.run([sys.executable, "-c", SQLITE_SERVED], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "served OK" in done.stdout, done.stderr[-3000:]

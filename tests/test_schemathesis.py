@@ -23,10 +23,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings
 
 from carousel.infra.localservices import free_port
-from tests import parallel
+from tests import databases, parallel
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -185,36 +184,24 @@ def _private_redis_url():
     return os.environ["REDIS_URL"].rsplit("/", 1)[0] + f"/{number}"
 
 
-def _migrate_with_the_user(env):
-    """Migrates env's database and adds the user; the user's token."""
-    _manage(env, "migrate", "--noinput")
+def _with_the_user(env):
+    """Adds the user to env's database, a copy of a migrated one (tests/databases.py); the
+    user's token."""
     return _manage(env, "shell", "-c", SETUP).stdout.strip().splitlines()[-1]
-
-
-def _admin_connection():
-    admin = settings.DATABASES["default"]
-    return psycopg.connect(host=admin["HOST"], port=admin["PORT"], user=admin["USER"],
-                           password=admin["PASSWORD"] or None, dbname="postgres", autocommit=True)
-
-
-def _database_url(name):
-    return os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/" + name
 
 
 @pytest.fixture(scope="session")
 def postgresql_template():
     """A PostgreSQL database migrated with the user, once a run, by the first xdist worker that
-    needs it (the migration costs seconds of CPU; a copy from it, a fraction of one); the run
-    drops it at its end (parallel.drop_database_at_the_end). Its name and the user's token."""
+    needs it (a copy of the run's migrated database, tests/databases.py); the run drops it at its
+    end (parallel.drop_database_at_the_end). Its name and the user's token."""
     path = parallel.run_dir() / "schemathesis-postgresql"
     with parallel.file_lock(parallel.run_dir() / "schemathesis-postgresql.lock"):
         if not path.exists():
-            name = f"schemathesis_template_{uuid.uuid4().hex[:8]}"
-            with _admin_connection() as conn:
-                conn.execute(f'CREATE DATABASE "{name}"')
+            name = databases.copy_of_migrated_postgresql()
             parallel.drop_database_at_the_end(name)
-            token = _migrate_with_the_user(_env(DATABASE_URL=_database_url(name), REDIS_URL=_private_redis_url(),
-                                                CAROUSEL_VAR_DIR=str(parallel.run_dir() / "schemathesis-var")))
+            token = _with_the_user(_env(DATABASE_URL=databases.database_url(name), REDIS_URL=_private_redis_url(),
+                                        CAROUSEL_VAR_DIR=str(parallel.run_dir() / "schemathesis-var")))
             path.write_text(json.dumps([name, token]))
     return json.loads(path.read_text())
 
@@ -225,17 +212,17 @@ def fresh_postgres(postgresql_template):
     cannot see the test database's uncommitted rows."""
     template, _token = postgresql_template
     name = f"schemathesis_{uuid.uuid4().hex[:8]}"
-    with _admin_connection() as conn:
+    with databases.admin_connection() as conn:
         for attempt in range(50):
             try:
                 conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
                 break
-            except psycopg.errors.ObjectInUse:  # the migration's connections are still closing
+            except psycopg.errors.ObjectInUse:  # the set-up's connection is still closing
                 time.sleep(0.1)
         else:
             raise RuntimeError(f"the template {template} stayed in use")
-    yield _database_url(name)
-    with _admin_connection() as conn:
+    yield databases.database_url(name)
+    with databases.admin_connection() as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
@@ -259,7 +246,8 @@ def sqlite_template():
     with parallel.file_lock(parallel.run_dir() / "schemathesis-sqlite.lock"):
         if not (root / "token").exists():
             shutil.rmtree(root, ignore_errors=True)  # a build that failed half way
-            token = _migrate_with_the_user(_env(CAROUSEL_VAR_DIR=str(root / "var"), CAROUSEL_STAGER="immediate"))
+            var = databases.sqlite_var_dir(root / "var")
+            token = _with_the_user(_env(CAROUSEL_VAR_DIR=str(var), CAROUSEL_STAGER="immediate"))
             (root / "token").write_text(token)
     return root / "var" / "carousel.sqlite3", (root / "token").read_text()
 
