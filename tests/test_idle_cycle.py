@@ -47,6 +47,14 @@ def test_a_fold_after_an_idle_one_still_folds(alice, now):
                      if any(f"INTO {model._meta.db_table}" in q["sql"] or f"FROM {model._meta.db_table} WHERE NOT"
                             in q["sql"] and "DELETE" in q["sql"] for q in one.captured_queries)}
     assert 0 < len(folded_tables) < len(DELTAS)
+    # On PostgreSQL every counter's fold is one statement, the lock one more (a transaction's,
+    # freed by its end): the look, the lock, the fold, and the per-user counts at zero dropped.
+    folds = [q["sql"] for q in one.captured_queries if "DELETE FROM" in q["sql"] and "WHERE NOT folded" in q["sql"]]
+    assert len(folds) == 1 and len(folded_tables) > 1, folds
+    locks = [q["sql"] for q in one.captured_queries if "advisory" in q["sql"]]
+    assert len(locks) == 1 and locks[0].startswith("SELECT pg_try_advisory_xact_lock("), locks
+    said = [q["sql"] for q in one.captured_queries if "SAVEPOINT" not in q["sql"]]  # the test's transaction
+    assert len(said) == 4, said
     assert list(UserStateCount.objects.filter(user=alice).values_list("state", "files")) == [("queued", 3)]
     with CaptureQueriesContext(connection) as again:
         counters_fold()

@@ -139,6 +139,21 @@ def try_lock(name):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def try_lock_atomic(name):
+    """try_lock() with a transaction.atomic() block inside it: yields True when taken. On
+    PostgreSQL a transaction-level advisory lock, freed when the transaction ends (commit or
+    rollback), one statement where the session lock's take and free are two; the same key as
+    try_lock(name), so the two exclude each other. SQLite: try_lock's file lock."""
+    if is_postgres():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [zlib.crc32(name.encode())])
+            yield cursor.fetchone()[0]
+        return
+    with try_lock(name) as taken, transaction.atomic():
+        yield taken
+
+
 _PROBES_ONLY = ("enable_seqscan", "enable_hashjoin", "enable_mergejoin", "jit")
 
 

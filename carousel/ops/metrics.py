@@ -11,8 +11,8 @@ import math
 import secrets
 
 from django.contrib.auth.models import Group
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import connection
+from django.db.models import Case, F, When
 from django.http import HttpResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -39,12 +39,14 @@ COUNTERS = {
 
 
 def record_cycle(seconds):
-    """Called by the loop at the end of each cycle: add its duration to the histogram."""
-    with transaction.atomic():
-        if not CycleBucket.objects.exists():
-            CycleBucket.objects.bulk_create([CycleBucket(le=le) for le in CYCLE_BUCKETS_S], ignore_conflicts=True)
-        CycleBucket.objects.filter(le__gte=seconds).update(count=F("count") + 1)
-        CycleBucket.objects.filter(le=math.inf).update(sum_s=F("sum_s") + seconds)
+    """Called by the loop at the end of each cycle: add its duration to the histogram. One
+    statement: the buckets at or above it count it, and +Inf (always among them) adds its
+    seconds to the sum; it changes no row only before the buckets exist, made on first use."""
+    for _ in range(2):
+        if CycleBucket.objects.filter(le__gte=seconds).update(
+                count=F("count") + 1, sum_s=Case(When(le=math.inf, then=F("sum_s") + seconds), default=F("sum_s"))):
+            return
+        CycleBucket.objects.bulk_create([CycleBucket(le=le) for le in CYCLE_BUCKETS_S], ignore_conflicts=True)
 
 
 OLDEST_QUEUED = """
