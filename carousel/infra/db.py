@@ -143,15 +143,21 @@ def try_lock(name):
 def try_lock_atomic(name):
     """try_lock() with a transaction.atomic() block inside it: yields True when taken. On
     PostgreSQL a transaction-level advisory lock, freed when the transaction ends (commit or
-    rollback), one statement where the session lock's take and free are two; the same key as
-    try_lock(name), so the two exclude each other. SQLite: try_lock's file lock."""
+    rollback; inside an outer atomic block, when the outer transaction ends), one statement where
+    the session lock's take and free are two; the same key as try_lock(name), so either excludes
+    the other in other sessions (a session may take its own again). SQLite: try_lock's file lock,
+    and no transaction when it is not taken."""
     if is_postgres():
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [zlib.crc32(name.encode())])
             yield cursor.fetchone()[0]
         return
-    with try_lock(name) as taken, transaction.atomic():
-        yield taken
+    with try_lock(name) as taken:
+        if not taken:  # no transaction: a write lock it opened would wait on the holder's
+            yield False
+            return
+        with transaction.atomic():
+            yield True
 
 
 _PROBES_ONLY = ("enable_seqscan", "enable_hashjoin", "enable_mergejoin", "jit")
