@@ -30,9 +30,12 @@ def _migrate(env):
                    check=True, capture_output=True, text=True, timeout=300)
 
 
-def _env(**changes):
+def env_without_servers(**changes):
+    """This process's environment for a process of Django's own: without the suite's
+    DATABASE_URL and REDIS_URL (the embedded defaults, unless `changes` names others); a change
+    to None is left out."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(changes)
+    env.update({k: v for k, v in changes.items() if v is not None})
     return env
 
 
@@ -58,7 +61,7 @@ def migrated_postgresql():
             with admin_connection() as conn:
                 conn.execute(f'CREATE DATABASE "{name}"')
             parallel.drop_database_at_the_end(name)
-            _migrate(_env(DATABASE_URL=database_url(name),
+            _migrate(env_without_servers(DATABASE_URL=database_url(name),
                           CAROUSEL_VAR_DIR=str(parallel.run_dir() / "migrated-postgresql-var")))
             _wait_until_unused(name)
             marker.write_text(name)
@@ -76,14 +79,24 @@ def _wait_until_unused(name, timeout=30):
             time.sleep(0.05)
 
 
-def copy_of_migrated_postgresql():
-    """A new database on the suite's server, a copy of migrated_postgresql(); its name. The
-    caller drops it (or leaves it to parallel.drop_database_at_the_end)."""
-    template = migrated_postgresql()
-    name = f"carousel_copy_{uuid.uuid4().hex[:8]}"
+def copy_of(template, prefix="carousel_copy"):
+    """A new database on the suite's server, a copy of `template`; its name. The caller drops it
+    (or leaves it to parallel.drop_database_at_the_end). A template's last client may still be
+    closing its connection: the copy is tried again for up to 5 s."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with admin_connection() as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    return name
+        for _ in range(50):
+            try:
+                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+                return name
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.1)
+    raise RuntimeError(f"the template {template} stayed in use")
+
+
+def copy_of_migrated_postgresql():
+    """copy_of(migrated_postgresql())."""
+    return copy_of(migrated_postgresql())
 
 
 def migrated_sqlite():
@@ -93,7 +106,7 @@ def migrated_sqlite():
     with parallel.file_lock(parallel.run_dir() / "migrated-sqlite.lock"):
         if not (root / "built").exists():
             shutil.rmtree(root, ignore_errors=True)  # a build that failed half way
-            _migrate(_env(CAROUSEL_VAR_DIR=str(root)))
+            _migrate(env_without_servers(CAROUSEL_VAR_DIR=str(root)))
             (root / "built").touch()
     return path
 

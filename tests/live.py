@@ -90,17 +90,17 @@ def client_venv():
 @pytest.fixture
 def carousel(live_server, open_dir, settings, library_speedup):
     """The API on loopback, the simulated library and a real worker with beat: the loop runs."""
-    yield from _carousel(live_server, open_dir, settings, library_speedup, worker=True)
+    yield from _carousel(live_server, open_dir, settings, library_speedup, with_worker=True)
 
 
 @pytest.fixture
 def carousel_at_rest(live_server, open_dir, settings, library_speedup):
     """The same without the worker, for a test of what the API answers alone (a worker costs
     about 2 s of CPU to start and 40 ms for each of its cycles, twice a second)."""
-    yield from _carousel(live_server, open_dir, settings, library_speedup, worker=False)
+    yield from _carousel(live_server, open_dir, settings, library_speedup, with_worker=False)
 
 
-def _carousel(live_server, open_dir, settings, library_speedup, *, worker):
+def _carousel(live_server, open_dir, settings, library_speedup, *, with_worker):
     from carousel.models import Control
 
     tmp_path = open_dir
@@ -115,7 +115,7 @@ def _carousel(live_server, open_dir, settings, library_speedup, *, worker):
     settings.CAROUSEL_STAGER = "simulated"
     settings.CAROUSEL_STAGER_OPTIONS = options
     Control.objects.update_or_create(id=1, defaults={"cycle_s": 0.5})
-    if not worker:
+    if not with_worker:
         yield Carousel(live_server.url, archive, disk, None)
         return
     env = dict(os.environ, DATABASE_URL=_test_database_url(), CAROUSEL_TICK_S="0.5", CAROUSEL_VAR_DIR=str(tmp_path),

@@ -18,10 +18,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from carousel.infra.localservices import free_port
@@ -38,12 +36,6 @@ user = User.objects.create_user("fuzz", password="fuzz-pw")
 restore_submit(user=user, now=timezone.now(), paths=["/fuzz/a", "/fuzz/b", "/fuzz/c"], pin_lifetime=None)
 print(Token.objects.create(user=user).key)
 """
-
-
-def _env(**changes):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update({k: v for k, v in changes.items() if v is not None})
-    return env
 
 
 def _manage(env, *args, **kwargs):
@@ -200,7 +192,7 @@ def postgresql_template():
         if not path.exists():
             name = databases.copy_of_migrated_postgresql()
             parallel.drop_database_at_the_end(name)
-            token = _with_the_user(_env(DATABASE_URL=databases.database_url(name), REDIS_URL=_private_redis_url(),
+            token = _with_the_user(databases.env_without_servers(DATABASE_URL=databases.database_url(name), REDIS_URL=_private_redis_url(),
                                         CAROUSEL_VAR_DIR=str(parallel.run_dir() / "schemathesis-var")))
             path.write_text(json.dumps([name, token]))
     return json.loads(path.read_text())
@@ -211,16 +203,7 @@ def fresh_postgres(postgresql_template):
     """A database of its own on the suite's PostgreSQL, a copy of the template: the live server
     cannot see the test database's uncommitted rows."""
     template, _token = postgresql_template
-    name = f"schemathesis_{uuid.uuid4().hex[:8]}"
-    with databases.admin_connection() as conn:
-        for attempt in range(50):
-            try:
-                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-                break
-            except psycopg.errors.ObjectInUse:  # the set-up's connection is still closing
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(f"the template {template} stayed in use")
+    name = databases.copy_of(template, prefix="schemathesis")
     yield databases.database_url(name)
     with databases.admin_connection() as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
@@ -231,7 +214,7 @@ def postgresql_api(postgresql_template, fresh_postgres, tmp_path_factory):
     """One server for every group an xdist worker draws on PostgreSQL (as the one run of every
     operation had)."""
     tmp_path = tmp_path_factory.mktemp("schemathesis-postgresql")
-    api = LiveAPI(_env(DATABASE_URL=fresh_postgres, REDIS_URL=_private_redis_url(),
+    api = LiveAPI(databases.env_without_servers(DATABASE_URL=fresh_postgres, REDIS_URL=_private_redis_url(),
                        CAROUSEL_VAR_DIR=str(tmp_path / "var"), CAROUSEL_STAGER="immediate"), tmp_path,
                   token=postgresql_template[1])
     yield api
@@ -247,7 +230,7 @@ def sqlite_template():
         if not (root / "token").exists():
             shutil.rmtree(root, ignore_errors=True)  # a build that failed half way
             var = databases.sqlite_var_dir(root / "var")
-            token = _with_the_user(_env(CAROUSEL_VAR_DIR=str(var), CAROUSEL_STAGER="immediate"))
+            token = _with_the_user(databases.env_without_servers(CAROUSEL_VAR_DIR=str(var), CAROUSEL_STAGER="immediate"))
             (root / "token").write_text(token)
     return root / "var" / "carousel.sqlite3", (root / "token").read_text()
 
@@ -260,7 +243,7 @@ def sqlite_api(sqlite_template, tmp_path_factory):
     for suffix in ("", "-wal"):  # the write-ahead log too, had the last connection not folded it in
         if database.with_name(database.name + suffix).exists():
             shutil.copyfile(database.with_name(database.name + suffix), tmp_path / "var" / (database.name + suffix))
-    api = LiveAPI(_env(CAROUSEL_VAR_DIR=str(tmp_path / "var"), CAROUSEL_STAGER="immediate"), tmp_path, token=token)
+    api = LiveAPI(databases.env_without_servers(CAROUSEL_VAR_DIR=str(tmp_path / "var"), CAROUSEL_STAGER="immediate"), tmp_path, token=token)
     yield api
     api.stop()
 
