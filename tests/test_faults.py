@@ -111,17 +111,18 @@ def send_nothing(mp):
 
 
 def counters_drift(mp):
-    """A step that moves a counter without moving a request."""
-    expire = cycle.expire_requests
+    """A step that moves a counter without moving a request (one every cycle runs: a step with
+    nothing to do is not run, carousel/loop/due.py)."""
+    progress = cycle.collect_progress
 
-    def expire_and_drift(*, now):
+    def progress_and_drift(**kwargs):
         # the counters are appended deltas (migrations/0008_counter_deltas.py): one more, for no request
         UserStateCountDelta.objects.bulk_create(
             UserStateCountDelta(user_id=user_id, state=RequestState.DONE, files=1, bytes=0)
             for user_id in UserStateCount.objects.values_list("user_id", flat=True).distinct())
-        return expire(now=now)
+        return progress(**kwargs)
 
-    mp.setattr(cycle, "expire_requests", expire_and_drift)
+    mp.setattr(cycle, "collect_progress", progress_and_drift)
 
 
 def cancel_everyones(mp):

@@ -54,15 +54,18 @@ def _fold_sql_sqlite(model):
             f"DELETE FROM {table} WHERE NOT folded"]
 
 
-def counters_fold():
+def counters_fold(new=None):
     """Fold every counter's deltas into its base rows, in one short transaction. Writers go on
     appending meanwhile. One fold at a time (two would lock each other's deltas): a fold that
     finds another running leaves the deltas to it. A counter with no new deltas is left alone,
-    and with none anywhere the fold costs one statement (most cycles change no request)."""
+    and with none anywhere the fold costs one statement (most cycles change no request), none
+    when the caller has asked already: `new`, the counters with new deltas (NEW, which the
+    cycle asks with its first question, carousel/loop/due.py)."""
     postgres = connection.vendor == "postgresql"
-    with connection.cursor() as cursor:
-        cursor.execute(_NEW_SQL)
-        new = [model for model, any_new in zip(DELTAS, cursor.fetchone()) if any_new]
+    if new is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT " + ", ".join(NEW))
+            new = [model for model, any_new in zip(DELTAS, cursor.fetchone()) if any_new]
     if not new:
         # Read without the lock: a delta committed after this look waits for the next fold, as
         # one committed during a fold does.
@@ -75,8 +78,7 @@ def counters_fold():
 
 # Whether each counter has deltas to fold, in DELTAS' order, in one row: each an indexed probe
 # (the partial index on the new deltas).
-_NEW_SQL = "SELECT " + ", ".join(f"EXISTS (SELECT 1 FROM {model._meta.db_table} WHERE NOT folded)"
-                                 for model in DELTAS)
+NEW = [f"EXISTS (SELECT 1 FROM {model._meta.db_table} WHERE NOT folded)" for model in DELTAS]
 
 
 def _fold(cursor, postgres, models=DELTAS):

@@ -253,13 +253,22 @@ def index_paths(bulk_id):
     return added
 
 
+def waiting():
+    """Submissions with files still in the intake."""
+    return Bulk.objects.filter(pending__gt=0)
+
+
+def unindexed():
+    """Submissions moved into the queue whose paths the path filter's index has not yet got."""
+    return Bulk.objects.filter(paths_searchable=False, pending=0)
+
+
 def index_pending(*, most=None):
     """The cycle's share of index_paths: submissions moved and not yet indexed (the task that
     indexes them right after their move did not run), oldest first, up to about `most` paths."""
     most = most or settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION
     added = 0
-    for bulk_id in (Bulk.objects.filter(paths_searchable=False, pending=0).order_by("created_at")
-                    .values_list("pk", flat=True)):
+    for bulk_id in unindexed().order_by("created_at").values_list("pk", flat=True):
         if added >= most:
             break
         added += index_paths(bulk_id)
@@ -288,7 +297,7 @@ def settle_pending(*, now, most=None):
     CAROUSEL_MAX_PATHS_PER_SUBMISSION, one biggest submission). Returns the files moved."""
     most = most or settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION
     moved = 0
-    for bulk_id in Bulk.objects.filter(pending__gt=0).order_by("created_at").values_list("pk", flat=True):
+    for bulk_id in waiting().order_by("created_at").values_list("pk", flat=True):
         if moved >= most:
             break
         moved += settle(bulk_id, now=now, wait=False)  # the task moving one now is not waited for

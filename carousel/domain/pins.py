@@ -26,9 +26,14 @@ def release_pins(*, user=None, paths, now, requests=None):
     return _end_pins(requests.filter(path__in=list(paths)), now=now)
 
 
+def ran_out(now):
+    """The requests whose pin has run out (and not yet ended)."""
+    return RestoreRequest.objects.filter(pin_until__lte=now)
+
+
 def end_expired_pins(*, now):
     """The loop's step: end the pins whose lifetime ran out (a bounded number per cycle)."""
-    due = list(RestoreRequest.objects.filter(pin_until__lte=now).order_by("pin_until")
+    due = list(ran_out(now).order_by("pin_until")
                .values_list("id", flat=True)[:PINS_ENDED_PER_CYCLE])
     if not due:
         return 0  # most cycles: one indexed look (request_pin_due), no transaction

@@ -1,8 +1,9 @@
 """The server loop: one cycle is one call of run_cycle(now=...). The time is an argument, never
 read inside, so tests and the replay simulator drive the same code with a simulated clock.
 
-Each step lives in a module of its own, in the order run_cycle calls them:
-withdrawals.py (expiry), failures.py (retries, quarantine), progress.py (polling, and requests
+Each step lives in a module of its own, in the order run_cycle calls them, each only when
+due.py's question (one statement before the steps, one after the work) says it has something to
+do: withdrawals.py (expiry), failures.py (retries, quarantine), progress.py (polling, and requests
 left in a finished job), health.py (the judgement); while healthy: deadlines.py (jobs that never
 finish), locating.py, claiming.py (policies -> jobs), mounts.py with plan.py (the drives' chains,
 preemption, sending); then pins.py (pins that ran out), withdrawals.py again (the recorded
@@ -25,6 +26,7 @@ from carousel.infra import plugins
 from carousel.loop.claiming import claim_jobs
 from carousel.loop.deadlines import end_overdue_jobs
 from carousel.loop.delivery import dispatch_deliveries
+from carousel.loop.due import AFTER, BEFORE, ask
 from carousel.loop.failures import requeue_due_retries
 from carousel.loop.locating import locate_new_work
 from carousel.models import IN_FLIGHT_STATES, Control, RestoreRequest, StagerHealth
@@ -93,15 +95,23 @@ def run_cycle(*, now, stager=None):
 
 
 def _steps(*, now, stager, control, report):
+    # What the steps have to do, asked at once (due.py): a step with nothing to do is not run.
+    due = ask(BEFORE, now=now, with_deltas=True)
     # The counters' deltas since the last cycle join their base rows, so reads stay a few rows.
-    counters_fold()
+    counters_fold(new=due.deltas)
     # Big submissions whose files still wait in the intake (the task that queues them right
     # after their answer did not run: a worker down) join the queue first.
-    intake.settle_pending(now=now)
-    intake.index_pending()
+    # The requests they become were not there to be asked about: the steps they may concern run.
+    settled = due["waiting"]
+    if settled:
+        intake.settle_pending(now=now)
+    if due["unindexed"] or settled:
+        intake.index_pending()
     # What changes with time alone: deadlines passed, retry times reached.
-    report.expired = expire_requests(now=now)
-    report.requeued = requeue_due_retries(now=now) + requeue_orphans(now=now)
+    if due["expiring"] or settled:
+        report.expired = expire_requests(now=now)
+    report.requeued = ((requeue_due_retries(now=now) if due["retries"] else 0)
+                       + (requeue_orphans(now=now) if due["in_flight"] or settled else 0))
     # What the stager says: progress, and from it the judgement of its health.
     # The stager's health row, read once for both (only judge_stager writes its state).
     health = StagerHealth.get()
@@ -112,18 +122,24 @@ def _steps(*, now, stager, control, report):
     # the judgement: a job the stager lost is what makes it look stalled, and a stalled stager
     # is sent nothing new, so a deadline that waited for health would never come. A job is given
     # up only once polled after its mark, so not while the stager is down.
-    end_overdue_jobs(now=now, control=control, give_up=state.state != h.DOWN)
+    if due["sent"]:
+        end_overdue_jobs(now=now, control=control, give_up=state.state != h.DOWN)
     if state.state == h.HEALTHY:
         state = _work(now=now, stager=stager, control=control, state=state, report=report)
     report.health, report.jobs_limit = state.state, state.limit
+    # What the work may have changed, asked at once again.
+    due = ask(AFTER, now=now)
     # Taking back and letting go: pins that ran out, then the recorded withdrawals and releases
-    # (never while the stager is down, never holding the cycle up).
-    end_expired_pins(now=now)
-    report.stager_calls = send_stager_calls(now=now, stager=stager, down=state.state == h.DOWN)
+    # (never while the stager is down, never holding the cycle up), those of the pins just ended
+    # among them.
+    ended = end_expired_pins(now=now) if due["pins"] else 0
+    if due["calls"] or ended:
+        report.stager_calls = send_stager_calls(now=now, stager=stager, down=state.state == h.DOWN)
     # Copies to users, and the notices of finished submissions (mailed by their own task: a mail
     # server that hangs never holds the cycle).
-    report.delivering = dispatch_deliveries(now=now, control=control)
-    if notices_due(now=now):
+    if due["delivering"]:
+        report.delivering = dispatch_deliveries(now=now, control=control)
+    if due["notices"] and notices_due(now=now):
         queue.send_on_commit("carousel.tasks.send_notices", robust=True)
 
 

@@ -18,21 +18,26 @@ from carousel.domain.services import job_give_up
 log = logging.getLogger("carousel.loop")
 
 
+def sent():
+    """The jobs at the stager."""
+    return Job.objects.filter(state=JobState.SENT)
+
+
 def end_overdue_jobs(*, now, control, give_up=True):
     """Mark the jobs past their deadline; give up those marked at an earlier cycle (polled once
     more since; give_up=False: the stager could not be polled, mark only); their files are
     withdrawn through stager calls. Returns the jobs given up."""
-    sent = Job.objects.filter(state=JobState.SENT)
+    sent_jobs = sent()
     columns = ("id", "chain", "sent_at", "progress_at", "estimate_s", "overdue_at")
     # The jobs in flight, read once; again only after some were given up (which may move others).
-    jobs = list(sent.values_list(*columns))
+    jobs = list(sent_jobs.values_list(*columns))
     marked = [row[0] for row in jobs if row[5] is not None and row[5] < now] if give_up else []
     n = 0
     if marked:
         n, _ = job_give_up(queryset=Job.objects.filter(id__in=marked), now=now,
                            reason="its job was still unfinished at the stager past its deadline")
         log.warning("%d job(s) past their deadline given up: their unfinished files are back in the queue", n)
-        jobs = list(sent.filter(overdue_at__isnull=True).values_list(*columns))
+        jobs = list(sent_jobs.filter(overdue_at__isnull=True).values_list(*columns))
     due = [job_id for job_id, chain, sent_at, progress_at, estimate, overdue in jobs
            if overdue is None and sent_at and now > (sent_at if chain else max(sent_at, progress_at or sent_at))
            + timedelta(seconds=max(control.job_deadline_floor_s, control.job_deadline_factor * (estimate or 0)))]

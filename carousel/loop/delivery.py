@@ -140,13 +140,17 @@ class SiteCommand(Delivery):
 DELIVERY_LEASE_S = 6 * 3600
 
 
+def delivering():
+    """The requests staged and waiting to be, or being, delivered."""
+    return RestoreRequest.objects.filter(state=S.DELIVERING)
+
+
 def dispatch_deliveries(*, now, control):
     """Start deliveries of staged files, at most `deliveries_per_fs` at once per destination
     file system; each batch runs in a worker task. A delivery started longer ago than its lease
     (its worker died) is started again."""
-    waiting = RestoreRequest.objects.filter(state=S.DELIVERING)
-    if not waiting.exists():
-        return 0  # most cycles: one indexed look
+    # Run by the cycle only when some file is delivering (carousel/loop/due.py).
+    waiting = delivering()
     waiting.filter(delivery_started_at__lt=now - timedelta(seconds=DELIVERY_LEASE_S)).update(
         delivery_started_at=None)
     running = dict(waiting.filter(delivery_started_at__isnull=False).order_by().values_list("delivery_fs")

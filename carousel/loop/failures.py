@@ -38,13 +38,15 @@ def says_about_tape(failure):
             and not NOT_ABOUT_THE_TAPE.search(failure.message or ""))
 
 
+def due_retries(now):
+    """The requests whose time to be tried again has come."""
+    return RestoreRequest.objects.filter(state=S.RETRY, retry_at__lte=now)
+
+
 def requeue_due_retries(*, now):
-    due = RestoreRequest.objects.filter(state=S.RETRY, retry_at__lte=now)
-    # Most cycles have none due: one probe of the partial index (request_retry_due) instead of
-    # the guarded UPDATE, which costs several times more to build than to run.
-    if not due.exists():
-        return 0
-    return request_transition(due, S.QUEUED, now=now)
+    # Run by the cycle only when some are due (carousel/loop/due.py asks the partial index,
+    # request_retry_due): the guarded UPDATE costs several times more to build than to run.
+    return request_transition(due_retries(now), S.QUEUED, now=now)
 
 
 def count_tape_failures(failures, *, now, control):

@@ -50,6 +50,11 @@ def job_spec(job, files):
     return spec
 
 
+def in_flight():
+    """The requests in flight (in a job at the stager)."""
+    return RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES)
+
+
 def requeue_orphans(*, now):
     """Requests in flight in a job that has already finished go back to the queue. Submission
     joins another user's job in flight without waiting for the loop; if the loop finishes that
@@ -59,8 +64,7 @@ def requeue_orphans(*, now):
     Not one join: on a table the planner believes empty (fresh, or in a test's transaction) it
     loops over every finished job for each request in flight. The jobs go as one array
     parameter (db.in_keys): a window of one-file jobs is thousands of them."""
-    in_flight_jobs = list(RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).order_by()
-                          .values_list("job_id", flat=True).distinct())
+    in_flight_jobs = list(in_flight().order_by().values_list("job_id", flat=True).distinct())
     finished = list(Job.objects.filter(db.in_keys("id", in_flight_jobs), state__in=FINISHED_JOB_STATES)
                     .values_list("id", flat=True))
     if not finished:

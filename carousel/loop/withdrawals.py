@@ -28,10 +28,20 @@ LEASE_S = 300.0  # a call being sent is not picked up by another sender meanwhil
 RETRY_S = (10.0, 3600.0)  # the first retry's delay, doubled per failure up to the second
 
 
+def expiring(now):
+    """The active requests whose deadline has passed."""
+    return RestoreRequest.objects.filter(deadline__lt=now, state__in=ACTIVE_STATES)
+
+
+def calls_due(now):
+    """The stager calls due to be sent."""
+    return StagerCall.objects.filter(next_at__lte=now)
+
+
 def expire_requests(*, now):
     """Requests whose deadline passed: expired, and their files withdrawn through stager calls."""
     count, _ = request_cancel(
-        queryset=RestoreRequest.objects.filter(deadline__lt=now, state__in=ACTIVE_STATES), now=now,
+        queryset=expiring(now), now=now,
         reason="deadline passed before the file was restored", to=S.EXPIRED, serialise=False)
     return count
 
@@ -80,7 +90,7 @@ def send_stager_calls(*, now, stager, limit=CALLS_PER_CYCLE, budget_s=CALLS_BUDG
         return 0  # the previous send is still waiting on the stager; its calls stay leased
     try:
         with transaction.atomic():
-            calls = list(StagerCall.objects.filter(next_at__lte=now).order_by("next_at", "id")
+            calls = list(calls_due(now).order_by("next_at", "id")
                          .select_for_update(skip_locked=True)[:limit])
             StagerCall.objects.filter(id__in=[c.id for c in calls]).update(next_at=now + timedelta(seconds=LEASE_S))
         # Inside the try: a database error here must not leave this process's sender taken.
