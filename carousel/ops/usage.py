@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone as dt_timezone
 
 from django.contrib.auth.models import Group, User
+from django.db import connection
 from django.db.models import Count, Max, Q, Sum
 
 from carousel.domain import policy
@@ -125,9 +126,14 @@ def drive_seconds(*, since, until, by="user", now=None, of=None):
     if of is None:
         seconds = {k: s for k, s in days.values(key).annotate(s=Sum("drive_s")).order_by().values_list(key, "s") if s}
     else:
-        summed = days.aggregate(all=Sum("drive_s"), mine=Sum("drive_s", filter=Q(user_id=of)))
-        seconds = {of: summed["mine"] or 0.0}
-        others = (summed["all"] or 0.0) - seconds[of]
+        # Every poll of the summary asks: one statement written out. Built by the ORM (a filtered
+        # aggregate) it cost about 2.4 ms of CPU an answer, for 0.05 ms in the database.
+        adapt = connection.ops.adapt_datetimefield_value
+        with connection.cursor() as cursor:
+            cursor.execute(_OF_ONE_USER, [of, adapt(since), adapt(until)])
+            everyone, mine = cursor.fetchone()
+        seconds = {of: mine or 0.0}
+        others = (everyone or 0.0) - seconds[of]
     held = _held_so_far(since, until, now)
     if held:
         column = "user_id" if by == "user" else "group_id"
@@ -151,6 +157,11 @@ def drive_seconds(*, since, until, by="user", now=None, of=None):
                 seconds[of] += held[job] * mine / n
                 others += held[job] * (n - mine) / n
     return seconds, sum(seconds.values()) + others
+
+
+# drive_seconds(of=user): everyone's drive seconds over [since, until) and the user's.
+_OF_ONE_USER = (f"SELECT SUM(drive_s), SUM(CASE WHEN user_id = %s THEN drive_s END) FROM {UsageDay._meta.db_table} "
+                "WHERE day >= %s AND day < %s")
 
 
 def _held_so_far(since, until, now):
