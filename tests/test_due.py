@@ -96,6 +96,6 @@ def test_a_cycle_runs_a_step_only_when_it_has_something_to_do(alice, now):
         report = run_cycle(now=t + timedelta(seconds=60), stager=stager)
     assert RestoreRequest.objects.filter(pin_until__isnull=False).count() == 0
     assert report.stager_calls == 1 and not StagerCall.objects.exists()
-    assert not [s for s in idle_sql if "pin_until" in s and "FOR" in s], "an idle cycle looked for pins to end"
+    assert not [s for s in idle_sql if "pin_until" in s and "EXISTS" not in s], "an idle cycle looked for pins to end"
     assert not [s for s in idle_sql if "carousel_stagercall" in s and "EXISTS" not in s], "an idle cycle read calls"
     assert [s for s in (q["sql"] for q in pins_out.captured_queries) if "pin_until" in s and "FOR" in s]

@@ -127,7 +127,8 @@ def drive_seconds(*, since, until, by="user", now=None, of=None):
         seconds = {k: s for k, s in days.values(key).annotate(s=Sum("drive_s")).order_by().values_list(key, "s") if s}
     else:
         # Every poll of the summary asks: one statement written out. Built by the ORM (a filtered
-        # aggregate) it cost about 2.4 ms of CPU an answer, for 0.05 ms in the database.
+        # aggregate) the summary cost 6.36 ms of CPU an answer in-process, 5.50 written out; the
+        # statement runs in 0.05 ms (1,000 queued).
         adapt = connection.ops.adapt_datetimefield_value
         with connection.cursor() as cursor:
             cursor.execute(_OF_ONE_USER, [of, adapt(since), adapt(until)])
