@@ -3,16 +3,28 @@ each with its one small fallback for the embedded SQLite default."""
 import contextlib
 import fcntl
 import zlib
+from datetime import timezone as dt_timezone
 from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Lookup, Q
 from django.db.models.expressions import RawSQL
+from django.utils.dateparse import parse_datetime
 
 
 def is_postgres():
     return connection.vendor == "postgresql"
+
+
+def read_moment(value):
+    """A datetime read by raw SQL, as the ORM gives it (aware): SQLite answers text for an
+    aggregate and a naive datetime (UTC) for a column, PostgreSQL an aware datetime."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=dt_timezone.utc)
+    return value
 
 
 @contextlib.contextmanager

@@ -16,13 +16,9 @@ from carousel.domain import counters, intake, pins
 from carousel.domain.services import notices_waiting
 from carousel.loop import deadlines, delivery, failures, progress, withdrawals
 from carousel.models import (ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, Job, JobState, RequestState as S, RestoreRequest,
-                             StagerCall)
+                             StagerCall, sql_values)
 
 _REQUESTS, _BULKS = RestoreRequest._meta.db_table, Bulk._meta.db_table
-
-
-def _states(states):
-    return ", ".join(f"'{state.value}'" for state in states)  # the enum's own values, never input
 
 
 # name: (EXISTS ..., whether its one parameter is the cycle's time, the step's queryset of now)
@@ -32,13 +28,13 @@ CONDITIONS = {
     "unindexed": (f"EXISTS (SELECT 1 FROM {_BULKS} WHERE NOT paths_searchable AND pending = 0)", False,
                   lambda now: intake.unindexed()),
     # withdrawals.expire_requests
-    "expiring": (f"EXISTS (SELECT 1 FROM {_REQUESTS} WHERE deadline < %s AND state IN ({_states(ACTIVE_STATES)}))",
+    "expiring": (f"EXISTS (SELECT 1 FROM {_REQUESTS} WHERE deadline < %s AND state IN ({sql_values(ACTIVE_STATES)}))",
                  True, withdrawals.expiring),
     # failures.requeue_due_retries
     "retries": (f"EXISTS (SELECT 1 FROM {_REQUESTS} WHERE state = '{S.RETRY.value}' AND retry_at <= %s)", True,
                 failures.due_retries),
     # progress.requeue_orphans: an orphan is a request in flight
-    "in_flight": (f"EXISTS (SELECT 1 FROM {_REQUESTS} WHERE state IN ({_states(IN_FLIGHT_STATES)}))", False,
+    "in_flight": (f"EXISTS (SELECT 1 FROM {_REQUESTS} WHERE state IN ({sql_values(IN_FLIGHT_STATES)}))", False,
                   lambda now: progress.in_flight()),
     # deadlines.end_overdue_jobs (progress only ends jobs, so none is sent between the two)
     "sent": (f"EXISTS (SELECT 1 FROM {Job._meta.db_table} WHERE state = '{JobState.SENT.value}')", False,

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from carousel.domain.selectors.activities import activity_figures
+from carousel.infra.db import read_moment
 from carousel.models import (ACTIVE_STATES, Control, CounterTotal, CycleBucket, ErrorClass, HealthState, Job, JobState,
                      StagerHealth, StateCount, Tape)
 
@@ -67,12 +68,7 @@ def oldest_queued_at():
     with connection.cursor() as cursor:
         cursor.execute(OLDEST_QUEUED)
         value = cursor.fetchone()[0]
-    if isinstance(value, str):  # SQLite returns min() over a subquery as text
-        from django.utils.dateparse import parse_datetime
-
-        value = parse_datetime(value)
-        value = value if value is None or value.tzinfo else value.replace(tzinfo=timezone.utc)
-    return value
+    return read_moment(value)  # SQLite returns min() over a subquery as text
 
 
 class CarouselCollector:

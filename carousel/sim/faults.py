@@ -40,7 +40,7 @@ import random
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import timedelta, timezone as dt_timezone
+from datetime import timedelta
 from unittest import mock
 
 from django.core.cache import cache
@@ -48,11 +48,11 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Sum
 from django.test.utils import override_settings
-from django.utils.dateparse import parse_datetime
 
 from carousel.domain import intake, pins, services
 from carousel.domain.paths import delivery_target
 from carousel.infra import queue
+from carousel.infra.db import read_moment
 from carousel.loop import cycle as cycle_module
 from carousel.domain.selectors import last_unmounts
 from carousel.loop import wear
@@ -61,7 +61,7 @@ from carousel.loop.withdrawals import send_stager_calls
 from carousel.models import (
     ACTIVE_STATES, IN_FLIGHT_STATES, READY, Account, Bulk, Control, GroupShare, Intake, Job, JobState,
     RequestState as S, RestoreRequest, StagerCall, StagerHealth, Tape, TapeBacklog, UserBacklog, UserStateCount,
-    path_key,
+    path_key, sql_values,
 )
 from carousel.ops.retention import prune
 from carousel.sim import replay
@@ -128,16 +128,6 @@ def _query(sql, params=()):
         return cursor.fetchall()
 
 
-def _moment(value):
-    """A datetime read by raw SQL, as the ORM gives it (aware): SQLite answers text for an
-    aggregate and a naive datetime (UTC) for a column, PostgreSQL an aware datetime."""
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    if value is not None and value.tzinfo is None:
-        value = value.replace(tzinfo=dt_timezone.utc)
-    return value
-
-
 def _sql():
     from carousel.models import BulkItem
 
@@ -164,8 +154,8 @@ def _sql():
                f"SELECT user_id, tape_id, files FROM {tb} WHERE files <> 0"),
     ])
     job, call = _table(Job), _table(StagerCall)
-    in_flight = ", ".join(f"'{state.value}'" for state in IN_FLIGHT_STATES)
-    live_jobs = f"'{JobState.PENDING.value}', '{JobState.SENT.value}'"
+    in_flight = sql_values(IN_FLIGHT_STATES)
+    live_jobs = sql_values((JobState.PENDING, JobState.SENT))
     return {
         "accounted": accounted,
         "counters": counters,
@@ -681,7 +671,7 @@ class Simulation:
 
     def _others(self, user):
         """What another user's requests look like: per state, how many, pinned, last changed."""
-        return sorted((state, n, pinned, _moment(changed))
+        return sorted((state, n, pinned, read_moment(changed))
                       for state, n, pinned, changed in _query(self.sql["others"], [user.pk]))
 
     # The loop ---------------------------------------------------------------------------------
@@ -747,14 +737,14 @@ class Simulation:
         # A fault's end may let work go on; its start changes nothing until the loop calls.
         for fault in WAKING_FAULTS:
             candidates += [b for a, b in self.schedule.windows.get(fault, ()) if b > now]
-        pin, locate, lease, call = (_moment(m) for m in _query(self.sql["firsts"])[0])
+        pin, locate, lease, call = (read_moment(m) for m in _query(self.sql["firsts"])[0])
         moments = [pin, locate]
         if lease:
             moments.append(lease + timedelta(seconds=6 * 3600))
         moments.append(call)
         # Jobs' deadlines (carousel/loop/deadlines.py): marked overdue, given up a cycle later.
         for chain, sent_at, progress_at, estimate, overdue in _query(self.sql["sent_jobs"]):
-            sent_at, progress_at = _moment(sent_at), _moment(progress_at)
+            sent_at, progress_at = read_moment(sent_at), read_moment(progress_at)
             if overdue:
                 candidates.append(now + period)
             elif sent_at:
