@@ -2,6 +2,7 @@
 own queryset selects, on generated tables (every request state, times on both sides of the
 cycle's time and on it), and a cycle runs only the steps that have something to do."""
 from datetime import timedelta
+from unittest import mock
 
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -31,7 +32,10 @@ def worlds(draw):
                 notify=draw(st.booleans()), notified_at=draw(st.sampled_from([None, -60])))
     job_state = draw(st.sampled_from(JobState.values))
     calls = draw(st.lists(OFFSETS.filter(lambda o: o is not None), max_size=2))
-    return requests, bulk, job_state, calls
+    # A second job, which may jump the queue and may follow the first (preempt's candidates).
+    second = dict(state=draw(st.sampled_from(JobState.values)), jumps_queue=draw(st.booleans()),
+                  follows=draw(st.booleans()))
+    return requests, bulk, job_state, calls, second
 
 
 def _at(now, offset):
@@ -42,14 +46,17 @@ def test_each_condition_says_what_its_steps_query_selects(alice, now):
     bulk = restore_submit(user=alice, now=now, paths=[f"/due/{i}" for i in range(FILES)]).bulk
     ids = list(RestoreRequest.objects.filter(bulk=bulk).order_by("id").values_list("id", flat=True))
     job = Job.objects.create(created_at=now)
+    other = Job.objects.create(created_at=now)
 
     @settings(max_examples=120, deadline=None, database=None)
     @given(world=worlds())
     def agree(world):
-        requests, bulk_fields, job_state, calls = world
+        requests, bulk_fields, job_state, calls, second = world
         try:
             with transaction.atomic():
                 Job.objects.filter(id=job.id).update(state=job_state)
+                Job.objects.filter(id=other.id).update(state=second["state"], jumps_queue=second["jumps_queue"],
+                                                       after=job if second["follows"] else None)
                 for request_id, fields in zip(ids, requests):
                     state = fields["state"]
                     RestoreRequest.objects.filter(id=request_id).update(
@@ -88,8 +95,9 @@ def test_a_cycle_runs_a_step_only_when_it_has_something_to_do(alice, now):
         t += timedelta(seconds=10)
         run_cycle(now=t, stager=stager)
     assert set(RestoreRequest.objects.values_list("state", flat=True)) == {S.DONE}
-    with CaptureQueriesContext(connection) as idle:
+    with CaptureQueriesContext(connection) as idle, mock.patch("carousel.loop.cycle.preempt") as preempt:
         run_cycle(now=t + timedelta(seconds=1), stager=stager)
+    assert not preempt.called, "an idle cycle looked for a long mount to cut"
     idle_sql = [q["sql"] for q in idle.captured_queries]
     # The pins run out: the next cycle ends them and sends their releases in the same cycle.
     with CaptureQueriesContext(connection) as pins_out:

@@ -125,7 +125,8 @@ def _steps(*, now, stager, control, report):
     if due["sent"]:
         end_overdue_jobs(now=now, control=control, give_up=state.state != h.DOWN)
     if state.state == h.HEALTHY:
-        state = _work(now=now, stager=stager, control=control, state=state, report=report)
+        state = _work(now=now, stager=stager, control=control, state=state, report=report,
+                      preempting=due["short_waiting"])
     report.health, report.jobs_limit = state.state, state.limit
     # What the work may have changed, asked at once again.
     due = ask(AFTER, now=now)
@@ -143,9 +144,10 @@ def _steps(*, now, stager, control, report):
         queue.send_on_commit("carousel.tasks.send_notices", robust=True)
 
 
-def _work(*, now, stager, control, state, report):
+def _work(*, now, stager, control, state, report, preempting):
     """Locate, choose and send: only while the stager is healthy. A call that finds the
-    stager unreachable ends the cycle's work and marks it down; the next cycle probes."""
+    stager unreachable ends the cycle's work and marks it down; the next cycle probes.
+    preempting: whether a short mount waits behind a sent one (due.py), so preempt may cut."""
     try:
         report.located = locate_new_work(now=now, stager=stager, control=control)
         status = stager.status() or {}
@@ -175,7 +177,7 @@ def _work(*, now, stager, control, state, report):
         if budget is not None and not jobs:
             report.error = "disk buffer: the next files do not fit below the threshold"
     try:
-        report.preempted = preempt(now=now, stager=stager, control=control)
+        report.preempted = preempt(now=now, stager=stager, control=control) if preempting else 0
     except StagerUnavailable as exc:
         return judge_stager(now=now, seen=h.Observation(reachable=False, error=f"cancel: {exc}"), control=control)
     except (OperationalError, InterfaceError):

@@ -14,7 +14,7 @@ from django.db import connection
 
 from carousel.domain import counters, intake, pins
 from carousel.domain.services import notices_waiting
-from carousel.loop import deadlines, delivery, failures, progress, withdrawals
+from carousel.loop import deadlines, delivery, failures, mounts, progress, withdrawals
 from carousel.models import (ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, Job, JobState, RequestState as S, RestoreRequest,
                              StagerCall, sql_values)
 
@@ -39,6 +39,13 @@ CONDITIONS = {
     # deadlines.end_overdue_jobs (progress only ends jobs, so none is sent between the two)
     "sent": (f"EXISTS (SELECT 1 FROM {Job._meta.db_table} WHERE state = '{JobState.SENT.value}')", False,
              lambda now: deadlines.sent()),
+    # mounts.preempt, asked before the work. The steps before preempt only end sent jobs and
+    # make new ones, which have not waited; a short mount the plan links behind a sent one in
+    # the same cycle (MountPlanner._take_back) waits for the next cycle's question: one cycle
+    # late against a wait of preempt_after_s.
+    "short_waiting": (f"EXISTS (SELECT 1 FROM {Job._meta.db_table} w JOIN {Job._meta.db_table} a ON a.id = w.after_id "
+                      f"WHERE w.state = '{JobState.PENDING.value}' AND w.jumps_queue AND a.state = '{JobState.SENT.value}')",
+                      False, lambda now: mounts.short_mounts_waiting()),
     # After the work ------------------------------------------------------------------------
     # pins.end_expired_pins
     "pins": (f"EXISTS (SELECT 1 FROM {_REQUESTS} WHERE pin_until <= %s)", True, pins.ran_out),
@@ -51,7 +58,7 @@ CONDITIONS = {
     "notices": (f"EXISTS (SELECT 1 FROM {_BULKS} WHERE notify AND notified_at IS NULL AND pending = 0)", False,
                 lambda now: notices_waiting()),
 }
-BEFORE = ("waiting", "unindexed", "expiring", "retries", "in_flight", "sent")
+BEFORE = ("waiting", "unindexed", "expiring", "retries", "in_flight", "sent", "short_waiting")
 AFTER = ("pins", "calls", "delivering", "notices")
 
 

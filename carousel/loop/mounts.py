@@ -488,6 +488,12 @@ def _dropped(job, spec):
                       .values_list("path", flat=True)) - set(spec.paths))
 
 
+def short_mounts_waiting():
+    """Short mounts (jobs that jump the queue) waiting behind a mount their drive has at the
+    stager: preempt's candidates, whatever their wait."""
+    return Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT)
+
+
 def preempt(*, now, stager, control):
     """A short mount that has waited `preempt_after_s` behind a long one on its drive's chain
     cuts that one short: the long mount's files after the one on the drive are withdrawn from
@@ -496,8 +502,7 @@ def preempt(*, now, stager, control):
     to pieces. Returns the files withdrawn."""
     if control.preempt_after_s <= 0:
         return 0
-    candidates = list(Job.objects.filter(state=JobState.PENDING, jumps_queue=True, after__state=JobState.SENT,
-                                         created_at__lte=now - timedelta(seconds=control.preempt_after_s))
+    candidates = list(short_mounts_waiting().filter(created_at__lte=now - timedelta(seconds=control.preempt_after_s))
                       .select_related("after").order_by("created_at", "rank")[:20])
     if not candidates:
         return 0  # most cycles: no short mount waits behind another, and the gap needs no look
