@@ -111,8 +111,12 @@ def test_a_home_the_user_cannot_read_is_one_line_for_carousel_and_nothing_for_th
             "nobody = pwd.getpwnam('nobody'); os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid); "
             "os.environ['CAROUSEL_TOKEN'] = 'k'; xrd.client(); print('hook configured', flush=True); "
             "del os.environ['CAROUSEL_TOKEN']; sys.exit(cli.main(['ls']))")
+    # The system's CA bundle (world-readable), as on an XRootD host: nobody cannot read certifi's,
+    # in this checkout's .venv, when the checkout sits in a directory only root reads (a clone
+    # under `mktemp -d`: the client's TLS context then failed to build, PermissionError).
     done = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(home), "CAROUSEL_URL": "http://127.0.0.1:9"})
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(home), "CAROUSEL_URL": "http://127.0.0.1:9",
+                               "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"})
     assert done.stdout == "hook configured\n", done.stderr
     assert done.returncode == api.EXIT_CONFIG, done.stderr
     assert done.stderr.splitlines() == [f"carousel: cannot read {home}/.config/carousel/client.ini: Permission "
