@@ -45,6 +45,7 @@ def sql_values(choices):
     """Choices (states) as a list of SQL literals for raw SQL: the enums' own values, never input."""
     return ", ".join(f"'{choice.value}'" for choice in choices)
 
+
 # target state -> the states it may be reached from; every change is guarded by this table.
 ALLOWED_FROM = {
     S.SUBMITTED: (S.QUEUED,),

@@ -21,6 +21,12 @@ from carousel.models import (ACTIVE_STATES, IN_FLIGHT_STATES, Bulk, Job, JobStat
 _REQUESTS, _BULKS = RestoreRequest._meta.db_table, Bulk._meta.db_table
 
 
+# mounts.short_mounts_waiting() as SQL (jobs `w`, each following job `a`), for the question and
+# for the replay's next wake-up (carousel/sim/replay.py).
+SHORT_MOUNTS_WAITING = (f"FROM {Job._meta.db_table} w JOIN {Job._meta.db_table} a ON a.id = w.after_id "
+                        f"WHERE w.state = '{JobState.PENDING.value}' AND w.jumps_queue AND a.state = '{JobState.SENT.value}'")
+
+
 # name: (EXISTS ..., whether its one parameter is the cycle's time, the step's queryset of now)
 CONDITIONS = {
     # intake.settle_pending, intake.index_pending
@@ -43,9 +49,7 @@ CONDITIONS = {
     # make new ones, which have not waited; a short mount the plan links behind a sent one in
     # the same cycle (MountPlanner._take_back) waits for the next cycle's question: one cycle
     # late against a wait of preempt_after_s.
-    "short_waiting": (f"EXISTS (SELECT 1 FROM {Job._meta.db_table} w JOIN {Job._meta.db_table} a ON a.id = w.after_id "
-                      f"WHERE w.state = '{JobState.PENDING.value}' AND w.jumps_queue AND a.state = '{JobState.SENT.value}')",
-                      False, lambda now: mounts.short_mounts_waiting()),
+    "short_waiting": (f"EXISTS (SELECT 1 {SHORT_MOUNTS_WAITING})", False, lambda now: mounts.short_mounts_waiting()),
     # After the work ------------------------------------------------------------------------
     # pins.end_expired_pins
     "pins": (f"EXISTS (SELECT 1 FROM {_REQUESTS} WHERE pin_until <= %s)", True, pins.ran_out),

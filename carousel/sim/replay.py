@@ -431,12 +431,12 @@ def _loop_deadline(row, now, *, epoch=EPOCH):
 @functools.cache
 def _loop_deadline_sql():
     """_loop_deadline's statement (built once: the models are not importable before Django is set up)."""
+    from carousel.loop.due import SHORT_MOUNTS_WAITING
     from carousel.models import ACTIVE_STATES, Job, JobState, RequestState as S, RestoreRequest, sql_values
 
     requests, jobs = RestoreRequest._meta.db_table, Job._meta.db_table
-    return f"""SELECT r.retry, r.deadline, r.oldest, r.held, j.progress, j.remount, (
-        SELECT MIN(w.created_at) FROM {jobs} w JOIN {jobs} a ON a.id = w.after_id
-        WHERE w.state = '{JobState.PENDING.value}' AND w.jumps_queue AND a.state = '{JobState.SENT.value}')
+    return f"""SELECT r.retry, r.deadline, r.oldest, r.held, j.progress, j.remount,
+        (SELECT MIN(w.created_at) {SHORT_MOUNTS_WAITING})
     FROM (SELECT MIN(retry_at) FILTER (WHERE state = '{S.RETRY.value}') AS retry,
                  MIN(deadline) FILTER (WHERE state IN ({sql_values(ACTIVE_STATES)}) AND deadline IS NOT NULL)
                      AS deadline,
