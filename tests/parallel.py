@@ -78,6 +78,44 @@ def pytest_load_initial_conftests(early_config, parser, args):
 def pytest_configure(config):
     config.addinivalue_line("markers", "runs_alone: stops a server the other xdist workers use, so runs while "
                                        "they wait")
+    config.addinivalue_line("markers", "long(seconds): takes about that long (wall, in a parallel run on 2 cores), "
+                                       "so is started early, on a worker of its own choosing (see below)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The long tests first, spread over the workers: each worker's first share of the run starts
+    with long tests whose seconds add up to about as much as every other worker's.
+
+    `--dist worksteal` hands the workers equal, contiguous shares of the collection, in its
+    order, and a worker that runs out takes the back half of the longest queue left. Long tests
+    that sat together in the collection (a module of them) therefore ran one after the other on
+    one worker, and the last of them set the run's end: the five schemathesis runs took one
+    worker 260 s, from 180 s into the run to its end, 50 s after another worker had finished.
+    Put at the front of the shares, the long tests start first and each worker's short ones
+    after them are what the others take from it."""
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    long_tests = [item for item in items if item.get_closest_marker("long")]
+    if not workers or workers < 2 or not long_tests:
+        return
+
+    def seconds(item):
+        return item.get_closest_marker("long").args[0]
+
+    shares, loads = [[] for _ in range(workers)], [0.0] * workers
+    for item in sorted(long_tests, key=seconds, reverse=True):  # the longest first, to the least loaded
+        least = loads.index(min(loads))
+        shares[least].append(item)
+        loads[least] += seconds(item)
+    rest = [item for item in items if not item.get_closest_marker("long")]
+    ordered, left = [], len(items)
+    for index, share in enumerate(shares):
+        size = left // (workers - index)  # as the scheduler divides what is left among the workers left
+        fill = max(0, size - len(share))
+        ordered += share + rest[:fill]
+        rest = rest[fill:]
+        left -= len(share) + fill
+    items[:] = ordered + rest
 
 
 def drop_database_at_the_end(name):

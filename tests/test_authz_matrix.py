@@ -455,6 +455,7 @@ def issuer(settings):
 DOORS = ("api", "tape", "web")
 
 
+@pytest.mark.long(17)
 @pytest.mark.parametrize("door", DOORS)
 def test_the_matrix(door, live_server, issuer, settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

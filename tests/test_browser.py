@@ -71,6 +71,7 @@ def fits(page, width):
     return page.evaluate("document.documentElement.scrollWidth") <= width
 
 
+@pytest.mark.long(19)
 def test_a_physicist_restores_files_watches_them_staged_and_cancels_one(open_page, worker, alice):  # noqa: F811
     Control.objects.update_or_create(id=1, defaults={"cycle_s": 0.5, "paused": True})
     page = open_page()

@@ -69,6 +69,7 @@ def card_now(page):
     return card.locator(".steps").inner_text(), card.get_by_test_id("estimate").inner_text()
 
 
+@pytest.mark.long(23)
 def test_a_physicist_follows_a_submission_of_200_files_to_the_end(open_page, carousel, alice):  # noqa: F811
     paths = [f"/star/run9/st_physics_{i:04d}.daq" for i in range(FILES)]
     for path in paths:

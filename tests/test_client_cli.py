@@ -60,6 +60,7 @@ def test_the_client_installs_into_a_bare_venv_without_django(client_venv, tmp_pa
     assert unconfigured.returncode == 3 and "no Carousel server configured" in unconfigured.stderr
 
 
+@pytest.mark.long(15)
 def test_submit_a_list_wait_status_ls_and_why(carousel, alice, tmp_path):
     paths = [f"/exp/run7/file{i}.root" for i in range(5)]
     for i, path in enumerate(paths):
@@ -109,6 +110,7 @@ def test_submit_a_list_wait_status_ls_and_why(carousel, alice, tmp_path):
     assert code == 0 and out.splitlines()[2].strip() == f"on disk at {carousel.disk}{paths[4]}"
 
 
+@pytest.mark.long(20)
 def test_wait_reports_failures_and_cancellations_with_their_own_codes(carousel, alice):
     carousel.tape("/exp/ok/a", b"a")
     code, out, err = run(carousel, alice, "submit", "/exp/ok/a", "/exp/not/on/tape")

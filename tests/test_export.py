@@ -33,6 +33,7 @@ def small_workload():
             "tapes": tapes, "requests": requests}
 
 
+@pytest.mark.long(23)
 def test_export_of_a_replayed_workload_gives_back_its_tapes_files_and_requests(db, tmp_path):
     original = parse(small_workload())
     replay.replay_broker(original)

@@ -112,6 +112,7 @@ def credentials(request, carousel_server, alice):
         yield url, token, lambda: WlcgIdentity.objects.get(subject="grid-user").user, "/vo/data"
 
 
+@pytest.mark.long(19)
 def test_gfal2_clients_discover_stage_poll_and_abort(credentials, tmp_path):
     url, token, user, prefix = credentials
     files = [f"{url}{prefix}/run1/f{i}" for i in range(3)]

@@ -210,6 +210,7 @@ def pg_databases():
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.mark.long(18)
 def test_the_squashed_migrations_build_the_first_chains_database_on_postgresql(first_chain, pg_databases):
     first_url, squashed_url = pg_databases
     env = dict(os.environ)
@@ -302,6 +303,7 @@ def sqlite_env(var_dir):
     return dict(env, CAROUSEL_VAR_DIR=str(var_dir))
 
 
+@pytest.mark.long(25)
 def test_the_squashed_migrations_build_the_first_chains_database_on_sqlite(first_chain, tmp_path):
     env_first, env_squashed = sqlite_env(tmp_path / "first"), sqlite_env(tmp_path / "squashed")
     build_both(env_first, env_squashed, first_chain)

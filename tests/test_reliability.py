@@ -115,6 +115,7 @@ def setup_loop():
                                                      "mount_min_files": 1})
 
 
+@pytest.mark.long(38)
 def test_killing_the_worker_mid_cycle_again_and_again_loses_nothing_and_stages_nothing_twice(
         transactional_db, tmp_path, site, alice, now):
     if not os.environ.get("REDIS_URL"):
@@ -145,6 +146,7 @@ def test_killing_the_worker_mid_cycle_again_and_again_loses_nothing_and_stages_n
     assert not Job.objects.filter(state="pending").exists()
 
 
+@pytest.mark.long(25)
 def test_restarting_redis_in_the_middle_of_a_run_loses_nothing(transactional_db, tmp_path, site, alice, now):
     port = free_port()
     redis_dir = tmp_path / "redis"
@@ -175,6 +177,7 @@ def test_restarting_redis_in_the_middle_of_a_run_loses_nothing(transactional_db,
     assert max(stages_per_file(site).values()) == 1
 
 
+@pytest.mark.long(29)
 def test_restarting_postgresql_in_the_middle_of_a_run_loses_nothing_and_logs_the_outage_once(
         transactional_db, tmp_path, site, alice, now):
     """The suite's own PostgreSQL server (carousel.infra.localservices) is stopped for a few seconds

@@ -248,15 +248,18 @@ def sqlite_api(sqlite_template, tmp_path_factory):
     api.stop()
 
 
+@pytest.mark.long(65)
 @pytest.mark.parametrize("group", [*GROUPS, OTHERS])
 def test_schemathesis_finds_nothing_on_postgresql(postgresql_api, group, tmp_path):
     postgresql_api.schemathesis("examples,coverage,fuzzing", group, tmp_path)
 
 
+@pytest.mark.long(30)
 def test_schemathesis_follows_the_links_on_postgresql(postgresql_api, tmp_path):
     postgresql_api.schemathesis("stateful", None, tmp_path)
 
 
+@pytest.mark.long(50)
 @pytest.mark.parametrize("group", [*GROUPS, OTHERS])
 def test_schemathesis_finds_nothing_on_the_embedded_sqlite_default(sqlite_api, group, tmp_path):
     sqlite_api.schemathesis("examples,coverage,fuzzing", group, tmp_path)

@@ -74,6 +74,7 @@ def query(server, reqid, *paths):
     return json.loads(out.rstrip("\x00\n"))
 
 
+@pytest.mark.long(33)
 def test_prepare_query_cancel_evict_and_stage_on_open_through_a_real_xrootd(xrootd, carousel, alice):
     paths = ["/exp/p/1.root", "/exp/p/2.root", "/exp/p/3.root"]
     for i, path in enumerate(paths + ["/exp/p/4.root", "/exp/p/5.root", "/exp/x/offline.root"]):
