@@ -510,6 +510,16 @@ shared with other people's test runs; the load average is kept with each result.
 by a factor of up to 2 with that load; makespans of replays are simulated seconds and do not.
 A figure measured on an older commit whose code (`carousel/`, `policies/`, `api/`, `frontend/`,
 `requirements.txt` or its script) has changed since says "not measured on this commit".
+
+The machine's own speed changed too, whatever its load. The goals in seconds were set, and
+first met, on the machine of 2026-11-25; on the machine of 2026-11-29 the same commits ran two to
+three times as slowly:
+
+- `make test` on a fresh clone of 05b5241, nothing else running: pytest 305 s on 2026-11-25,
+  707 s on 2026-11-29 (1,022 tests; ef50e1f's 1,174 tests took 502 s there that day).
+- `benchmarks/load.py` on bde3529: 337.7 answers/s and 4.21 ms of server CPU an answer on
+  2026-11-25 (load average 5-6); 129.6 and 159.1 answers/s, 14.41 and 11.86 ms, on 2026-11-29,
+  in turns with ef50e1f (123.1 and 129.2 answers/s, 15.41 and 14.71 ms).
 """
 
 # Measured by hand with `manage.py simulate` (the replay benchmark does not run them yet): kept
