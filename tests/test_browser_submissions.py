@@ -71,7 +71,12 @@ def card_now(page):
 
 @pytest.mark.long(23)
 def test_a_physicist_follows_a_submission_of_200_files_to_the_end(open_page, carousel, alice):  # noqa: F811
-    paths = [f"/star/run9/st_physics_{i:04d}.daq" for i in range(FILES)]
+    # Eight directories, so several tapes (the simulated library's tape follows from the
+    # directory): a drive's next mount waits planned for the whole of the mount before it. With
+    # one tape, every job joined the mount on a drive and was sent at once: files were planned
+    # only from one cycle to the next (seen in one poll of 0.1 s), and a fresh clone's suite
+    # once found no moment with files both restored and planned in 60 s.
+    paths = [f"/star/run9/d{i % 8}/st_physics_{i:04d}.daq" for i in range(FILES)]
     for path in paths:
         carousel.tape(path, path.encode())
     # Two drives, each with its mount and the next ones planned, ten files a job: the files wait
