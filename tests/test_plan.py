@@ -205,6 +205,54 @@ def test_files_of_a_planned_mount_that_arrive_later_join_it_in_one_pass(planned,
     assert ranked == read_order("LTO-8", tapes["T1"])  # the union, in read order
 
 
+def chain_lines(chain):
+    """The chain's open jobs as the line its links make: [tape label of each step], from the
+    mount on the drive; fails when two tapes' jobs wait on the same step (a drive reads one
+    mount after another)."""
+    jobs = list(Job.objects.filter(chain=chain, state__in=(JobState.PENDING, JobState.SENT)).select_related("tape"))
+    ids = {j.id for j in jobs}
+    step = {j.id: j for j in jobs if j.after_id not in ids}  # the mount on the drive, or next
+    line = []
+    while step:
+        tapes = {j.tape.label for j in step.values()}
+        assert len(tapes) == 1, f"{chain}: {sorted(tapes)} wait on the same step"
+        line.append(tapes.pop())
+        step = {j.id: j for j in jobs if j.after_id in step}
+    return line
+
+
+def test_files_that_join_the_mount_on_a_drive_keep_the_chain_one_line(planned, alice, bob, charlie):
+    """T0 is on the only drive, T1 and T2 planned behind it. Bob's files of T0, asked for a cycle
+    later, join the mount at once; T1 then waits for them too, not sent while the drive still
+    reads T0. Charlie's T3, a cycle later, goes at the end of the line, after T2. (Before: T1
+    still followed T0's first job, and the joined files, which nothing followed, were the
+    chain's tail (MountPlanner._chains), so the next long work went beside T1: on overlap the
+    final round laid out again went out of its turn, and the library's queue chose the order.)"""
+    now = planned
+    Control.objects.filter(id=1).update(short_mount_s=60)  # no mount here is short
+    tapes = {f"T{t}": [(f"/d/T{t}/f{i}", i * 400 * GB, 20 * GB) for i in range(24 if t == 0 else 20)]
+             for t in range(4)}
+    stager, clock = library_stager(1, tapes)
+    later = [tapes["T0"][15][0], tapes["T0"][18][0]]  # T0 still has the most files: first in turn
+    restore_submit(user=alice, now=now, paths=[p for p, _, _ in tapes["T0"] if p not in later]
+                   + [p for p, _, _ in tapes["T1"]] + [p for p, _, _ in tapes["T2"][:10]])
+    run_cycle(now=now, stager=stager)
+    assert chain_lines("LTO-8/0") == ["T0", "T1", "T2"]
+    clock[0] = 10.0
+    restore_submit(user=bob, paths=later, now=now + timedelta(seconds=10))
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    joined = Job.objects.get(tape__label="T0", requests__path=later[0])
+    assert joined.state == JobState.SENT and joined.after_id is None  # read in the same mount
+    assert chain_lines("LTO-8/0") == ["T0", "T1", "T2"]
+    assert Job.objects.get(tape__label="T1").after_id == joined.id
+    clock[0] = 20.0
+    restore_submit(user=charlie, paths=[p for p, _, _ in tapes["T3"][:10]], now=now + timedelta(seconds=20))
+    run_cycle(now=now + timedelta(seconds=20), stager=stager)
+    assert chain_lines("LTO-8/0") == ["T0", "T1", "T2", "T3"]
+    assert run_until(stager, clock, now, all_done, limit=100_000)
+    assert stager.library.mounts == 4  # T0 once, with the files that joined it
+
+
 def test_a_short_mount_goes_first_and_cuts_a_long_one_that_keeps_it_waiting(planned, alice, bob):
     now = planned
     # min_mount off: at the defaults it holds the short run behind a long mount big enough for

@@ -212,6 +212,14 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
             holders.setdefault((piece.chain, piece.last_job), []).extend(moved)
     update_joined(Job, [(*key, job) for key, job in relinked.items()], on=("chain", "after_id"), columns=("after_id",),
                   where={"state": JobState.PENDING, "jumps_queue": False}, exclude={"created_at": now})
+    # Files that joined their tape's mount on a drive went out at once: what waited on that
+    # drive behind the tape's earlier jobs now waits for them too, not going out (to wait in
+    # the library's queue, or take another drive out of its turn) while the drive still reads.
+    for piece in pieces:
+        if piece.rides and piece.last_job is not None:
+            Job.objects.filter(state=JobState.PENDING, chain=piece.chain, after__tape_id=piece.tape,
+                               after__state=JobState.SENT, after__chain=piece.chain).exclude(
+                tape_id=piece.tape).update(after_id=piece.last_job)
     # Other users' queued requests for the same files ride along in the same stage.
     request_claim(placed, now=now)
     return [JobSpec(id=str(job.id), paths=[f[0] for f in part]) for job, part in jobs]

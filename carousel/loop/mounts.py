@@ -43,6 +43,7 @@ class Planned:
     jumps: bool = False  # a short mount put before the long ones
     last_job: object = None  # set once its jobs exist
     join: object = None  # a pending Job of the tape whose files these join (one pass, read order)
+    rides: bool = False  # sent at once to join its tape's mount on the drive of `chain`
 
 
 # Long mounts laid out ahead on each drive's chain while more work waits than the window
@@ -144,7 +145,7 @@ class MountPlanner:
                 # mount (a library adds a request for a mounted tape to that drive's work),
                 # instead of a second mount hours later at the end of a chain. Files of a
                 # burst located after its first cycle land here.
-                steps.append(Planned(tape_id, files, chain=on_drive[tape_id], estimate_s=pre[-1]))
+                steps.append(Planned(tape_id, files, chain=on_drive[tape_id], estimate_s=pre[-1], rides=True))
             else:
                 short = (tape_id not in replanned and pre[-1] <= control.short_mount_s
                          and not set(users.get(tape_id, ())) & busy)
