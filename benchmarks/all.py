@@ -538,9 +538,11 @@ done. Goals: `estimate_coverage_planned` â‰¥ 0.90, `estimate_coverage_located` â
 nice -n 10 .venv/bin/python manage.py simulate tests/workloads/WORKLOAD --report WORKLOAD.json
 ```
 
-Measured 2026-11-28 15:20-16:05 UTC on h-honest (commits 3ea645d-19acf61: the open jobs laid out
-as the library runs them, a queued tape's mount from the plan's own model; a machine shared by
-four sessions; the figures are simulated, not timing). Before: 12:50-13:11 UTC on h-estimate.
+Measured 2026-11-29 18:38-19:21 UTC on f9d9070's code (the loop fix below): the command above
+for overlap, bnl-704, bnl-large and the three pic-lto4; groups and storm through the same replay
+(`replay.replay_broker` and its recorder, as `simulate` runs them) from a scratch script that
+also wrote each file's ranges, for the percentiles below. Simulated figures, not timing.
+Before: the earlier table (2026-11-28, 19acf61's model).
 
 | workload | coverage planned | coverage located | width ratio | goals met | before (planned / located / width) | makespan (s) |
 | --- | ---: | ---: | ---: | --- | --- | ---: |
@@ -549,41 +551,34 @@ four sessions; the figures are simulated, not timing). Before: 12:50-13:11 UTC o
 | pic-lto4-full | 1.00 | 1.00 | 0.35 | **met** | 1.00 / 1.00 / 0.35 | 10,757 |
 | pic-lto4-alternate | 1.00 | 1.00 | 0.36 | **met** | 1.00 / 1.00 / 0.36 | 8,647 |
 | pic-lto4-far | 1.00 | 1.00 | 0.48 | **met** | 1.00 / 1.00 / 0.48 | 2,819 |
-| overlap | 0.57 | 0.57 | 0.31 | not met | 0.39 / 0.39 / 0.30 | 8,513 |
-| groups | 1.00 | 0.95 | 0.61 | not met (width) | 1.00 / 0.20 / 0.98 | 37,353 |
-| storm | not measured | not measured | - | - | - | - |
+| overlap | 0.75 | 0.75 | 0.32 | not met | 0.57 / 0.57 / 0.31 | 8,531 |
+| groups | 1.00 | 0.95 | 0.61 | not met (width) | 1.00 / 0.95 / 0.61 | 37,353 |
+| storm | 0.92 | 0.34 | 0.57 | not met (located, width) | not measured | 53,844 |
 
-What changed. (1) The open jobs were laid out per chain, each after the job it follows, as if
-each chain were a drive; but the library (and a real one) runs a job for a tape in a drive
-with that drive's work and queues any other, the oldest taken by the drive that frees first.
-On overlap the chains' links make mounts run side by side that the projection had one after
-the other, and jobs sent while their drive was still reading (the tape's later jobs joined its
-mount with no link) wait in the library's queue for a drive: the projection had them read from
-when they were sent. `_project_jobs` now replays that queue: what the mounts on the drives have
-left (the part of their files not done), the sent jobs queued oldest first, the pending ones
-sent when the job they follow is done. overlap's files first seen at 30 s (a quarter of them,
-all its arrivals in) went from mostly late to all inside. (2) A queued tape's mount came from
-`carousel.tape.mount_estimate_s` (removed), which took a third of the tape's length per locate and
-overestimated mounts by 1.4-2.2 times (groups: 5,707 s for a 3,032 s mount), so groups' files
-were done before their range; it is now `spread_mount_s`: the plan's own `mount_profile` of
-`read_order` over as many files spread along the tape (within 8% of the true profile of the
-first ten tapes of every shared workload; 13% on pic-lto4-full, whose files lie end to end).
+What changed (f9d9070, `carousel/loop/claiming.py`): files of a tape on a drive go out at once
+and join its mount; what waited on that drive behind the tape's earlier jobs now follows them.
+Before, it went out while the drive still read, and the chain's tail was the joined files
+(`MountPlanner._chains`: the last job created that nothing follows), so a final round laid out
+again followed them beside the chain's planned mounts and the library's queue chose the order:
+on overlap, six tapes planned fifth ran third, and the files first seen at 20 s went from 440 of
+1,200 inside their range to 1,138. overlap's makespan moved from 8,513 s to 8,531 s (30 mounts);
+bnl-704, bnl-large and the pic-lto4 replays are unchanged to the hundredth of a second, groups
+to the second (96 mounts, shares 0.499 / 0.252 / 0.125 / 0.124).
 
-What is left. overlap's misses are its arrivals (12 analysts over 30 s): each cycle plans what
-has arrived, later files join the mounts planned ahead (one pass per tape), which double
-between 10 s and 30 s, and the final round is laid out again. Files first seen at 10 s: 354 of
-897 inside (542 late); at 20 s: 368 of 1,128 (500 late, 260 early). A range covering arrivals
-still to come would need their size, which nothing tells, and would fail the width goal. The
-plan adds to it: a tape's later jobs joined to a mount on a drive have no link, so the next
-mount follows the tape's first job and is sent while the drive still reads, and a final round
-laid out again follows such a job (`MountPlanner._chains` takes the last job created that
-nothing follows as a chain's tail): the library's queue then sets the order. Not changed here.
-groups was replayed once (15:27-16:05 UTC, 19acf61's model with the queued margins (0.75, 1.3)):
-planned 1.00, located 0.95, width 0.61 (the row above). Its files first seen queued finish at
-0.79 (10th percentile) to 1.17 (90th) of the model's time: margins of (0.8, 1.2) would give
-0.89 / 0.45 on that replay's recorded model times, but they would be fitted to the one workload
-whose files are first seen queued, so the queued margins stay (0.75, 1.3) and groups' width
-goal is not met.
+What is left. overlap: at 10 s, 1,200 of its 3,000 requests had arrived (12 analysts over
+30 s); the mounts then planned grow by the files that join them, and its files first seen then
+finish at a median 1.38 times their range's end (206 of 897 inside). A range that allowed for
+arrivals still to come (an allowance that grows with the last cycle's arrivals: 0.87 / 0.47 on
+this replay's dump with the right constant) would be a constant fitted to this workload; not
+done. storm: its production tapes are planned whole at 0 s; analysts' short mounts then cut some
+of them (the files after the one on the drive go back to the queue, and TAPEID reads such a
+remnant, with fewer files, after the whole tapes: such files are done at 40,000-53,000 s), and
+the final round is cut across drives.
+Its files first seen queued finish at 0.65 (10th percentile) to 2.3 (90th) of the model's time,
+so the range shown when located is early for most and late for the remnants (9,128 and 3,654
+of 19,400). groups: its files first seen queued finish at 0.81 to 1.13 of the model's time; the
+queued margins (0.75, 1.3) stay as set before either was measured: narrowed to groups' they
+would miss storm's even more.
 """
 
 DEFAULTS = """
