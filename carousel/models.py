@@ -158,8 +158,8 @@ class Control(Singleton):
         help_text="A planned mount estimated shorter than this goes before the long ones of its drive.")
     preempt_after_s = models.FloatField(
         "preempt after (s)", validators=bounded("preempt_after_s"), default=120.0,
-        help_text="A short mount waiting this long behind a long one cuts it: the long one's unread files go back "
-                  "to the queue. 0: never.")
+        help_text="A short mount waiting this long behind a long one cuts it: the long one's unread files "
+                  "resume on the same drive after it. 0: never.")
     preempt_gap_s = models.FloatField("at most one preemption per (s)", validators=bounded("preempt_gap_s"),
                                       default=300.0)
     cycle_s = models.FloatField("cycle period (s)", validators=bounded("cycle_s"), default=10.0)

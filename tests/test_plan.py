@@ -275,18 +275,54 @@ def test_a_short_mount_goes_first_and_cuts_a_long_one_that_keeps_it_waiting(plan
     clock[0] = 430.0
     report = run_cycle(now=now + timedelta(seconds=430), stager=stager)
     assert report.preempted > 30
-    back = RestoreRequest.objects.filter(user=alice, state="queued")
+    # The cut files resume on the same drive right after the short mount.
+    (resumed,) = Job.objects.filter(state=JobState.PENDING, tape__label="L")
+    assert (resumed.after_id, resumed.chain, resumed.files) == (short.id, short.chain, report.preempted)
+    back = RestoreRequest.objects.filter(user=alice, state="submitted", job=resumed)
     assert back.count() == report.preempted
-    assert set(back.values_list("attempts", flat=True)) == {0}  # a cut is not a failed attempt
+    # The cut gave back its attempt; the job they resume in counts one, as any claim does.
+    assert set(back.values_list("attempts", flat=True)) == {1}
+    cut = set(back.values_list("path", flat=True))
     assert StagerHealth.get().preempted_at == now + timedelta(seconds=430)
     assert run_until(stager, clock, now, RestoreRequest.objects.filter(user=bob, state="done").exists, limit=3000)
     bob_done = RestoreRequest.objects.get(user=bob)
     assert (bob_done.finished_at - bob_done.created_at).total_seconds() < 1200
-    # Alice's cut files are read later, none lost and none read twice.
+    # Alice's cut files are read after bob's, none lost and none read twice.
     assert run_until(stager, clock, now, all_done, limit=40_000)
     assert RestoreRequest.objects.filter(state="done").count() == 41
     reads = [path for _, _, path, _ in stager.library.reads]
     assert len(reads) == len(set(reads)) == 41
+    assert set(reads[reads.index("/d/S/one") + 1:]) == cut
+
+
+def test_a_cut_mount_resumes_right_after_the_short_mount_not_behind_the_backlog(planned, alice, bob):
+    """Alice's tape L on the only drive, her tape M (more files) planned after it. Bob's short
+    mount cuts L; L's unread files resume right after bob's, before M: back in the queue,
+    TAPEID would have put them behind every tape with more files."""
+    now = planned
+    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900, min_mount_files=0)
+    on_l = [(f"/d/L/f{i}", i * 100 * GB, 20 * GB) for i in range(40)]
+    on_m = [(f"/d/M/f{i}", i * 100 * GB, 20 * GB) for i in range(45)]
+    stager, clock = library_stager(1, {"L": on_l, "M": on_m, "S": [("/d/S/one", 300 * GB, 2 * GB)]})
+    restore_submit(user=alice, paths=[p for p, _, _ in on_l], now=now)
+    run_cycle(now=now, stager=stager)
+    restore_submit(user=alice, paths=[p for p, _, _ in on_m], now=now + timedelta(seconds=10))
+    clock[0] = 10.0
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert chain_lines("LTO-8/0") == ["L", "M"]
+    clock[0] = 300.0
+    restore_submit(user=bob, paths=["/d/S/one"], now=now + timedelta(seconds=300))
+    run_cycle(now=now + timedelta(seconds=300), stager=stager)
+    clock[0] = 430.0
+    cut = run_cycle(now=now + timedelta(seconds=430), stager=stager).preempted
+    assert cut > 30
+    assert chain_lines("LTO-8/0") == ["L", "S", "L", "M"]
+    assert run_until(stager, clock, now, all_done, limit=100_000)
+    reads = [path for _, _, path, _ in stager.library.reads]
+    assert len(reads) == len(set(reads)) == 86
+    tapes = [path.split("/")[2] for path in reads]
+    assert [t for i, t in enumerate(tapes) if i == 0 or tapes[i - 1] != t] == ["L", "S", "L", "M"]
+    assert stager.library.mounts == 4
 
 
 def test_without_a_drive_count_every_job_goes_out_at_once(planned, alice, settings):
@@ -347,14 +383,16 @@ def _long_mount_with_a_short_one_waiting(now, alice, bob, charlie):
 def test_a_cut_gives_back_no_attempt_a_shared_request_never_spent(planned, alice, bob, charlie):
     """Preemption must not fail good files: a request that joined another user's stage spent no
     attempt, so the cut has none to give back (attempts >= 0 holds); every cut file, both users'
-    requests for it, goes back to the queue and is read later, once."""
+    requests for it, resumes in one job after the short mount and is read once."""
     now = planned
     stager, clock = _long_mount_with_a_short_one_waiting(now, alice, bob, charlie)
     clock[0] = 430.0
     report = run_cycle(now=now + timedelta(seconds=430), stager=stager)
     assert report.preempted > 30
-    assert RestoreRequest.objects.filter(user=charlie, state="queued").count() == 10
-    assert set(RestoreRequest.objects.filter(state="queued").values_list("attempts", flat=True)) == {0}
+    (resumed,) = Job.objects.filter(state=JobState.PENDING, tape__label="L")
+    assert RestoreRequest.objects.filter(user=charlie, state="submitted", job=resumed).count() == 10
+    # Given back and counted again by the job they resume in: one each, never more.
+    assert set(RestoreRequest.objects.filter(job=resumed).values_list("attempts", flat=True)) == {1}
     assert run_until(stager, clock, now, all_done, limit=40_000)
     assert RestoreRequest.objects.filter(state="done").count() == 51
     reads = [path for _, _, path, _ in stager.library.reads]

@@ -12,6 +12,7 @@ from django.db.models.functions import Greatest
 
 from policies.order import read_order
 from policies.sorting import TapeInfo
+from policies.turns import EXCHANGE_S
 
 from carousel.loop import plan, wear
 from carousel.loop.failures import Failure, fail_requests
@@ -23,7 +24,7 @@ from carousel.models import (
 from carousel.loop.progress import files_in_flight, job_spec
 from carousel.loop.wear import WearRules
 from carousel.domain.selectors import drive_allocation, drives_in_use, last_unmounts
-from carousel.domain.services import request_transition, stager_call_record
+from carousel.domain.services import request_claim, request_transition, stager_call_record
 from carousel.stagers.base import StagerUnavailable
 from carousel.tape import MEDIA, mount_profile
 
@@ -498,9 +499,10 @@ def short_mounts_waiting():
 def preempt(*, now, stager, control):
     """A short mount that has waited `preempt_after_s` behind a long one on its drive's chain
     cuts that one short: the long mount's files after the one on the drive are withdrawn from
-    the stager and go back to the queue (not counted as an attempt), so the drive comes free
-    after the file it is reading. At most one per `preempt_gap_s`, so long mounts are not cut
-    to pieces. Returns the files withdrawn."""
+    the stager (not counted as an attempt), so the drive comes free after the file it is
+    reading, and resume as a mount of their own on that drive once the short mounts waiting
+    there are read. At most one per `preempt_gap_s`, so long mounts are not cut to pieces.
+    Returns the files withdrawn."""
     if control.preempt_after_s <= 0:
         return 0
     candidates = list(short_mounts_waiting().filter(created_at__lte=now - timedelta(seconds=control.preempt_after_s))
@@ -543,9 +545,57 @@ def preempt(*, now, stager, control):
                                     S.QUEUED, now=now, attempts=Greatest(F("attempts") - 1, Value(0)))
             stager.cancel(backend[job_id], paths)
         StagerHealth.objects.filter(id=1).update(preempted_at=now)
-    log.info("the mount of tape %s cut after its current file for short job %s: %d requests back in the queue",
+    # The cut mount resumes on the same drive once the short mounts waiting there are read: its
+    # files keep their turn. (Left in the queue, they would wait behind every tape holding more
+    # files, hours later on a long backlog, and the estimates shown for them would not hold.
+    # Should the process die before this, they are queued: chosen again by the policies.)
+    _resume(piece[0], [p for paths in withdrawn.values() for p in paths], after=_last_short(waiting), now=now,
+            control=control)
+    log.info("the mount of tape %s cut after its current file for short job %s: %d requests resume after it",
              waiting.after.tape_id, waiting.id, n)
     return sum(len(paths) for paths in withdrawn.values())
+
+
+def _last_short(waiting):
+    """The last of the short mounts waiting in line on `waiting`'s drive, from `waiting` on
+    (each follows the one before it: MountPlanner._short)."""
+    last = waiting
+    while True:
+        nxt = (Job.objects.filter(state=JobState.PENDING, jumps_queue=True, chain=waiting.chain, after=last)
+               .order_by("created_at", "rank").first())
+        if nxt is None:
+            return last
+        last = nxt
+
+
+@transaction.atomic
+def _resume(cut, paths, *, after, now, control):
+    """The files of `paths` cut from `cut`'s mount and queued again, planned as a mount of
+    their own (jobs of at most N files, in read order) on the same chain right after job
+    `after`, their requests claimed for it; the long mounts that followed `after` follow it."""
+    rows = {}  # path -> (key, position, size): one per file, its requests queued again
+    for path, key, position, size in (RestoreRequest.objects.filter(tape_id=cut.tape_id, path__in=paths,
+                                                                      state=S.QUEUED)
+                                      .values_list("path", "path_key", "position", "size").order_by()):
+        rows[path] = (key, position or 0, size or 0)
+    if not rows:
+        return
+    files = sorted(rows)
+    media = cut.tape.media if cut.tape_id else None
+    files = [files[k] for k in read_order(media, [(i, rows[p][1], rows[p][2]) for i, p in enumerate(files)])]
+    estimate = mount_profile(media, [rows[p][1:] for p in files], exchange_s=EXCHANGE_S)[0][-1] \
+        if media in MEDIA else 0.0
+    placed = []
+    for rank, start in enumerate(range(0, len(files), control.files_per_job)):
+        part = files[start:start + control.files_per_job]
+        job = Job.objects.create(tape_id=cut.tape_id, files=len(part), created_at=now, rank=rank, chain=cut.chain,
+                                 group_id=cut.group_id, after=after, jumps_queue=False,
+                                 estimate_s=estimate * len(part) / len(files))
+        Job.objects.filter(state=JobState.PENDING, jumps_queue=False, chain=cut.chain, after=after).exclude(
+            id=job.id).update(after=job)
+        placed += [(rows[p][0], job.id, i) for i, p in enumerate(part)]
+        after = job
+    request_claim(placed, now=now)
 
 
 def _refused(job, exc, *, now):
