@@ -17,7 +17,7 @@ from carousel.domain import activities
 from carousel.domain.selectors import activities as activity_reads
 from carousel.infra import db, plugins
 from carousel.models import (
-    IN_FLIGHT_STATES, Account, GroupShare, RestoreRequest, Tape, TapeBacklog, UserBacklog,
+    IN_FLIGHT_STATES, Account, GroupShare, Job, JobState, RestoreRequest, Tape, TapeBacklog, UserBacklog,
 )
 
 from .sharing import GroupLimit, UserDemand
@@ -260,6 +260,16 @@ def _gather(allotments, sort, now, tapes):
                                  now):
                 pools[lane(c)][c.id] = c
     wanted = defaultdict(list)  # lane -> tapes to read its requests from, in order
+    if "open_tapes" in sort.pools:
+        # The user's ready files on tapes whose mount is planned or on a drive: bounded by the
+        # open jobs (the window, N x K files).
+        users = {user for user, _ in allotments}
+        for user, tape, files in (TapeBacklog.objects.filter(user_id__in=users, files__gt=0,
+                                                             tape_id__in=_open_tapes())
+                                  .order_by("user_id", "tape_id").values_list("user_id", "tape_id", "files")):
+            for key in allotments:
+                if key[0] == user:
+                    wanted[key].append((tape, files))
     if "top_tapes" in sort.pools:
         # The user's tapes with most files, whatever their activities: a lane reads its own on them.
         users = sorted({(user, n) for (user, _), n in allotments.items()})
@@ -267,7 +277,7 @@ def _gather(allotments, sort, now, tapes):
         for user, tape, files in db.lateral(TOP_TAPES_SQL, users):
             top[user].append((tape, files))
         for key in allotments:
-            wanted[key] = list(top[key[0]])
+            wanted[key] += top[key[0]]
     if "oldest_tapes" in sort.pools:
         for key, pool in pools.items():
             for c in sorted(pool.values(), key=lambda c: -c.age_s):
@@ -310,11 +320,18 @@ def _tape_info(new_tapes, now, tapes, pairs):
     for u, t, f in db.lateral(USER_ON_TAPE_SQL, [(u, t, 1) for u, t in sorted(pairs) if t in new_tapes]):
         user_files[t][u] = f
     oldest = {t: at for t, at in db.lateral(OLDEST_ON_TAPE_SQL, [(t, 1) for t in sorted(new_tapes)])}
+    opened = set(_open_tapes().filter(tape_id__in=new_tapes))
     for t in new_tapes:
         files, nbytes = totals.get(t, (0, 0))
         age = (now - _aware(oldest[t])).total_seconds() if t in oldest else 0.0
         tapes[t] = TapeInfo(id=t, media=media.get(t) or None, files=files, bytes=nbytes,
-                            oldest_age_s=age, user_files=user_files[t])
+                            oldest_age_s=age, user_files=user_files[t], open=t in opened)
+
+
+def _open_tapes():
+    """The tapes whose mount is planned or on a drive (their open jobs')."""
+    return (Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT), tape__isnull=False).order_by()
+            .values_list("tape_id", flat=True).distinct())
 
 
 def _every_user(tape, complete):

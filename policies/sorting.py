@@ -30,6 +30,8 @@ class TapeInfo:
     # user id -> that user's ready requests on it: the users whose candidates are on it (and
     # every user, once the turn policy chose the tape: policies/turns.py, the riders)
     user_files: dict = field(default_factory=dict)
+    # A mount of it is planned or on a drive (an open job): ready files on it join that mount.
+    open: bool = False
     # Read orders already worked out this cycle (in_read_order): the same tape's files are
     # ordered when a policy ranks a pool, when the turn policy charges a mount, and when claiming
     # makes the job; with scattered files the order takes milliseconds a tape.
@@ -86,8 +88,9 @@ class SortPolicy:
     name = ""
     # Which candidate pools the selection step gathers for this policy (policies/selection.py),
     # each bounded by the user's allotment: "oldest" and "priority" always (the shared rules
-    # need them); "newest"; "top_tapes" (the user's tapes with most files) and "oldest_tapes"
-    # (the tapes of their oldest requests) add the user's requests on those tapes.
+    # need them); "newest"; "top_tapes" (the user's tapes with most files), "oldest_tapes"
+    # (the tapes of their oldest requests) and "open_tapes" (tapes whose mount is planned or on
+    # a drive) add the user's requests on those tapes.
     pools = frozenset({"oldest", "priority"})
     # Policies that send a user's files tape by tape keep each tape's files together.
     whole_tapes = False
@@ -188,10 +191,13 @@ class Fifo(SortPolicy):
 
 class TapeId(SortPolicy):
     """TAPEID: strictly by tape, the tape with the most of this user's pending files first
-    (ties: more pending files of all users, then tape id); within a tape, read order."""
+    (ties: more pending files of all users, then tape id); within a tape, read order. A tape
+    whose mount is planned or on a drive comes before them all: the rest of a tape cut by a cap
+    or a cycle's slots joins that mount, instead of a second mount after every tape with more
+    files (hours later on a long backlog)."""
 
     name = "TAPEID"
-    pools = SortPolicy.pools | {"top_tapes"}
+    pools = SortPolicy.pools | {"top_tapes", "open_tapes"}
     whole_tapes = True
 
     def tape_order(self, candidates, tapes, params):
@@ -199,7 +205,7 @@ class TapeId(SortPolicy):
 
         def demand(tape_id):
             tape = tapes[tape_id]
-            return (-tape.user_files.get(user, 0), -tape.files, tape_id)
+            return (not tape.open, -tape.user_files.get(user, 0), -tape.files, tape_id)
 
         return sorted({c.tape for c in candidates}, key=demand)
 

@@ -205,7 +205,9 @@ class FairTurns(TurnPolicy):
                 if queues[key]:
                     heapq.heappush(heap, turn(key))
                 continue
-            busy = work.in_flight.get(user, 0) + allotments.get(user, 0) + len(run) >= work.files_per_job
+            # A run onto a tape whose mount is planned or on a drive joins that mount: no new one.
+            busy = (work.in_flight.get(user, 0) + allotments.get(user, 0) + len(run) >= work.files_per_job
+                    and not work.tapes[run[0].tape].open)
             if mounts is not None and busy and mounts <= 0:
                 continue  # no drive needs another long mount yet: this user's turn waits
             group = group_of[user]

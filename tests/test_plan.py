@@ -598,3 +598,35 @@ def test_a_mount_whose_files_were_all_cancelled_lets_the_next_one_on_its_drive_g
 
 def all_done_or_cancelled():
     return not RestoreRequest.objects.exclude(state__in=("done", "cancelled")).exists()
+
+
+def test_the_rest_of_a_tape_cut_by_the_cap_joins_its_mount_before_other_tapes(planned, alice):
+    """Alice's cap (30 files, N = 10) lets her first turn take tape A whole and then only half
+    of B. When room frees, B's rest goes before tape C, which has more of her files: it joins
+    B's planned mount. (Ordered by files alone, C was cut in turn and B's rest waited.)"""
+    now = planned
+    Control.objects.filter(id=1).update(files_per_job=10, min_mount_files=0, remount_delay_s=0)
+    alice.account.inflight_cap = 30
+    alice.account.save()
+    tapes = {label: [(f"/d/{label}/f{i}", i * 50 * GB, GB) for i in range(20)] for label in "ABC"}
+    stager, clock = library_stager(1, tapes)
+    restore_submit(user=alice, paths=[p for entries in tapes.values() for p, _, _ in entries], now=now)
+    run_cycle(now=now, stager=stager)
+    clock[0] = 10.0
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert RestoreRequest.objects.filter(tape__label="B", state="submitted").count() == 10  # cut by the cap
+    early = []  # moments C was planned while B's rest still waited
+
+    def done():
+        if (Job.objects.filter(tape__label="C").exists()
+                and RestoreRequest.objects.filter(tape__label="B", state="queued").exists()):
+            early.append(clock[0])
+        return all_done()
+
+    assert run_until(stager, clock, now, done, limit=100_000)
+    assert not early
+    reads = [path for _, _, path, _ in stager.library.reads]
+    assert len(reads) == len(set(reads)) == 60
+    order = [path.split("/")[2] for path in reads]
+    assert [t for i, t in enumerate(order) if i == 0 or order[i - 1] != t] == ["A", "B", "C"]
+    assert stager.library.mounts == 3
