@@ -52,9 +52,10 @@ S = RequestState
 #     plan's chains say which job waits for which; which drive reads it is the library's.)
 #   - then the located queue, from the trigger-kept counters (TapeBacklog: files and bytes per
 #     user and tape), as the turn policy hands it out: each user's tapes in the TAPEID order
-#     (most of their files first), turns to the user whose drive time held (their planned and
-#     sent work, then the turns given) with the run added is the smallest for their weight
-#     (the sharing policy's drive_weights), each tape's mount (spread_mount_s: the plan's
+#     (a tape whose mount is planned or on a drive, then most of their files first), turns
+#     to the user whose drive time held (their planned and sent work, then the turns given)
+#     with the run added is the smallest for their weight (the sharing policy's
+#     drive_weights), each tape's mount (spread_mount_s: the plan's
 #     model over as many files spread along the tape; their places are not read) to the drive
 #     of its technology that frees first.
 #     A tape several users want is one mount, taken at the first of their turns.
@@ -228,6 +229,11 @@ def project(*, now, control=None, health=None):
         tape_bytes[tape] = tape_bytes.get(tape, 0) + (nbytes or 0)
         label[tape], media_of[tape] = name, media or ""
         queues.setdefault(user, []).append(tape)  # most of the user's files first (TAPEID)
+    # A tape whose mount is planned or on a drive first (TAPEID: the rest of a tape cut by a cap).
+    open_labels = {m.tape for m in jobs.values()}
+    opened = {t for t in tape_files if label[t] in open_labels}
+    if opened:
+        queues = {user: sorted(tapes, key=lambda t: t not in opened) for user, tapes in queues.items()}
     users, groups = caps_and_weights(control, list(queues))
     demands = [UserDemand(user=u, group=users[u][0], pending=len(t), room=users[u][1]) for u, t in queues.items()]
     limits = {g: GroupLimit(weight=w, room=cap) for g, (w, cap) in groups.items()}
