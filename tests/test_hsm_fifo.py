@@ -115,3 +115,47 @@ def test_the_command_refuses_a_map_without_a_hiding_backend(tmp_path):
         call_command("simulate", str(path), "--tape-map")
     with pytest.raises(CommandError, match="not to a baseline"):
         call_command("simulate", str(path), "--baseline", "eradat", "--backend", "hsm-fifo")
+
+
+def one_tape(arrivals):
+    """One LTO-8 tape of ten files scattered along it, one drive; `arrivals`: [(t, [file
+    indexes])]."""
+    offsets = [(i * 7 % 10) * 900 * GB for i in range(10)]
+    tape = {"label": "T0", "media": "LTO-8", "used_bytes": 11_000 * GB,
+            "files": [[f"/d/T0-f{i}", 2 * GB, offsets[i]] for i in range(10)]}
+    requests = [{"t": t, "user": "charlie", "path": f"/d/T0-f{i}"} for t, files in arrivals for i in files]
+    return parse({"format": "carousel-workload/1", "name": "one-tape", "library": {"drives": {"LTO-8": 1}},
+                  "groups": {"production": {"weight": 1}}, "users": {"charlie": {"group": "production"}},
+                  "tapes": [tape], "requests": requests})
+
+
+def test_behind_hidden_drives_a_tape_is_cut_into_stretches_along_it(db):
+    """Such a stager reads each request in position order, one mount per request: the parts of
+    a tape longer than N files are stretches of it, not parts of the planner's read order that
+    each reach across the tape."""
+    from carousel.models import Job
+
+    result = report(one_tape([(0, range(10))]),
+                    replay_broker(one_tape([(0, range(10))]), backend="hsm-fifo", tape_map=True,
+                                  control={"files_per_job": 4}))
+    assert result["files_done"] == 10
+    spans = []
+    for job in Job.objects.filter(tape__label="T0").order_by("created_at", "rank"):
+        places = list(RestoreRequest.objects.filter(job=job).values_list("position", flat=True))
+        spans.append((min(places), max(places)))
+    assert len(spans) == 3
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), spans
+
+
+def test_behind_hidden_drives_late_files_of_a_mounted_tape_wait_for_its_next_mount(db):
+    """Such a stager does not add a request to the mount of a tape it is reading (it waits for
+    the tape's next mount), so the files that arrive while it is read are planned as a mount
+    of their own, sent once the drive's mount before it is done, not at once."""
+    from carousel.models import Job
+
+    w = one_tape([(0, range(5)), (60, range(5, 10))])
+    result = report(w, replay_broker(w, backend="hsm-fifo", tape_map=True))
+    assert result["files_done"] == 10
+    jobs = list(Job.objects.filter(tape__label="T0").order_by("sent_at"))
+    assert len(jobs) == 2
+    assert jobs[1].sent_at >= jobs[0].finished_at

@@ -175,8 +175,14 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
             continue  # merged into its tape's pending job
         # A piece after another one planned in this cycle follows that one's last job.
         after = piece.after.last_job if isinstance(piece.after, Planned) else piece.after
-        for start in range(0, len(piece.files), files_per_job):
-            part = piece.files[start:start + files_per_job]
+        cuts = piece.files
+        if len(cuts) > files_per_job and drives is not None and not drives.shown:
+            # A stager that hides its drives reads each request in position order, one mount
+            # per request: cut the tape into stretches along it, not the read order into parts
+            # that each reach across the whole tape.
+            cuts = sorted(cuts, key=lambda f: f[2])
+        for start in range(0, len(cuts), files_per_job):
+            part = cuts[start:start + files_per_job]
             job = Job(tape_id=piece.tape, files=len(part), created_at=now, rank=len(jobs), chain=piece.chain,
                       group_id=groups.get(piece.tape),
                       after_id=after, jumps_queue=piece.jumps, estimate_s=piece.estimate_s * len(part) / len(piece.files))

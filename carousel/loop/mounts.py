@@ -68,6 +68,11 @@ class MountPlanner:
     exchange_s: float = 11.0
     taken_back: set = field(default_factory=set)  # jobs whose work this cycle plans again
     held: dict = field(default_factory=dict)  # tape id -> the wear rule that held its new mount back this cycle
+    # The stager shows its drives (status()). One that hides them (Tape REST, hsm-fifo: the
+    # count to plan for is the control row's) schedules its own recalls: it reads each request's
+    # files in its own (position) order, and a request for a tape it has mounted waits for the
+    # tape's next mount instead of joining it.
+    shown: bool = True
 
     @classmethod
     def from_status(cls, status, control):
@@ -77,12 +82,13 @@ class MountPlanner:
         for drive in status.get("drives") or []:
             media = drive.get("media") or ""
             counts[media] = counts.get(media, 0) + 1
+        shown = bool(counts)
         if control.drives:
             counts = {(next(iter(counts)) if len(counts) == 1 else ""): control.drives}
         if not counts:
             return None
         return cls(drives=counts, read_rate_mb_s=status.get("read_rate_mb_s"),
-                   exchange_s=float(status.get("exchange_s") or 11.0))
+                   exchange_s=float(status.get("exchange_s") or 11.0), shown=shown)
 
     def mounts_wanted(self):
         """How many more long mounts the drives' chains take now: MOUNTS_AHEAD each, less the
@@ -141,11 +147,13 @@ class MountPlanner:
                 chain, after, jumps, job = pending_tape[tape_id]
                 steps.append(Planned(tape_id, files, chain=chain, after=after, estimate_s=pre[-1], jumps=jumps,
                                      join=job))
-            elif tape_id in on_drive:
+            elif tape_id in on_drive and self.shown:
                 # The tape is on a drive now: sent at once, the stager reads it in the same
                 # mount (a library adds a request for a mounted tape to that drive's work),
                 # instead of a second mount hours later at the end of a chain. Files of a
-                # burst located after its first cycle land here.
+                # burst located after its first cycle land here. (Not with a stager that
+                # hides its drives: there such a request waits for the tape's next mount, so
+                # it is planned as one, where the plan puts it, not read next on that drive.)
                 steps.append(Planned(tape_id, files, chain=on_drive[tape_id], estimate_s=pre[-1], rides=True))
             else:
                 short = (tape_id not in replanned and pre[-1] <= control.short_mount_s
