@@ -630,3 +630,23 @@ def test_the_rest_of_a_tape_cut_by_the_cap_joins_its_mount_before_other_tapes(pl
     order = [path.split("/")[2] for path in reads]
     assert [t for i, t in enumerate(order) if i == 0 or order[i - 1] != t] == ["A", "B", "C"]
     assert stager.library.mounts == 3
+
+
+def test_a_short_mount_cuts_the_long_mount_with_least_left(planned, alice, bob):
+    """Both drives read long mounts that a short one would cut: it goes behind the one with
+    least left, not always behind the first drive's."""
+    now = planned
+    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900, min_mount_files=0)
+    tapes = {"L0": [(f"/d/L0/f{i}", i * 100 * GB, 20 * GB) for i in range(40)],
+             "L1": [(f"/d/L1/f{i}", i * 100 * GB, 20 * GB) for i in range(30)],
+             "S": [("/d/S/one", 300 * GB, 2 * GB)]}
+    stager, clock = library_stager(2, tapes)
+    restore_submit(user=alice, paths=[p for label in ("L0", "L1") for p, _, _ in tapes[label]], now=now)
+    run_cycle(now=now, stager=stager)
+    long = {j.tape.label: j for j in Job.objects.filter(state=JobState.SENT).select_related("tape")}
+    assert set(long) == {"L0", "L1"} and long["L1"].estimate_s < long["L0"].estimate_s
+    clock[0] = 300.0
+    restore_submit(user=bob, paths=["/d/S/one"], now=now + timedelta(seconds=300))
+    run_cycle(now=now + timedelta(seconds=300), stager=stager)
+    short = Job.objects.get(tape__label="S")
+    assert short.jumps_queue and (short.chain, short.after_id) == (long["L1"].chain, long["L1"].id)

@@ -251,7 +251,9 @@ class MountPlanner:
         """A short mount goes on the drive where it would start first: after that drive's
         current mount and the short ones already waiting there, first come first served; the
         long mounts planned on it follow. Behind a long mount a short one waits about the time
-        it takes to cut it (see preempt)."""
+        it takes to cut it (see preempt); among drives it would cut, the one whose mount has
+        least left (it frees first anyway, and the cut leaves the least to mount again), so the
+        cuts do not fall on one drive's tapes over and over."""
         mine = {name: c for name, c in chains.items() if name.startswith(f"{group}/")}
 
         def start(name):
@@ -261,7 +263,7 @@ class MountPlanner:
                 head = min(head, control.preempt_after_s + PREEMPT_FREES_S)
             return head + c.shorts_s
 
-        name = min(mine, key=lambda n: (start(n), n))
+        name = min(mine, key=lambda n: (start(n), mine[n].head_left_s, n))
         chain = mine[name]
         chain.shorts_s += estimate
         front = chain.front
