@@ -261,8 +261,8 @@ def _gather(allotments, sort, now, tapes):
                 pools[lane(c)][c.id] = c
     wanted = defaultdict(list)  # lane -> tapes to read its requests from, in order
     if "open_tapes" in sort.pools:
-        # The user's ready files on tapes whose mount is planned or on a drive: bounded by the
-        # open jobs (the window, N x K files).
+        # The user's ready files on tapes whose mount is planned and not sent yet: bounded by
+        # the pending jobs (the window, N x K files).
         users = {user for user, _ in allotments}
         for user, tape, files in (TapeBacklog.objects.filter(user_id__in=users, files__gt=0,
                                                              tape_id__in=_open_tapes())
@@ -329,8 +329,10 @@ def _tape_info(new_tapes, now, tapes, pairs):
 
 
 def _open_tapes():
-    """The tapes whose mount is planned or on a drive (their open jobs')."""
-    return (Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT), tape__isnull=False).order_by()
+    """The tapes whose mount is planned and not sent yet (their pending jobs'). (Not those
+    on a drive: their new files ride along when chosen anyway; putting them first too took
+    turns from other tapes and cost overlap three more mounts, 9,642 s for 8,531 s.)"""
+    return (Job.objects.filter(state=JobState.PENDING, tape__isnull=False).order_by()
             .values_list("tape_id", flat=True).distinct())
 
 

@@ -30,7 +30,7 @@ class TapeInfo:
     # user id -> that user's ready requests on it: the users whose candidates are on it (and
     # every user, once the turn policy chose the tape: policies/turns.py, the riders)
     user_files: dict = field(default_factory=dict)
-    # A mount of it is planned or on a drive (an open job): ready files on it join that mount.
+    # A mount of it is planned and not sent yet (a pending job): ready files on it join it.
     open: bool = False
     # Read orders already worked out this cycle (in_read_order): the same tape's files are
     # ordered when a policy ranks a pool, when the turn policy charges a mount, and when claiming
@@ -192,7 +192,7 @@ class Fifo(SortPolicy):
 class TapeId(SortPolicy):
     """TAPEID: strictly by tape, the tape with the most of this user's pending files first
     (ties: more pending files of all users, then tape id); within a tape, read order. A tape
-    whose mount is planned or on a drive comes before them all: the rest of a tape cut by a cap
+    whose mount is planned and not sent yet comes before them all: the rest of a tape cut by a cap
     or a cycle's slots joins that mount, instead of a second mount after every tape with more
     files (hours later on a long backlog)."""
 

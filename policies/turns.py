@@ -205,7 +205,7 @@ class FairTurns(TurnPolicy):
                 if queues[key]:
                     heapq.heappush(heap, turn(key))
                 continue
-            # A run onto a tape whose mount is planned or on a drive joins that mount: no new one.
+            # A run onto a tape whose mount is planned, not sent yet, joins that mount: no new one.
             busy = (work.in_flight.get(user, 0) + allotments.get(user, 0) + len(run) >= work.files_per_job
                     and not work.tapes[run[0].tape].open)
             if mounts is not None and busy and mounts <= 0:

@@ -52,7 +52,7 @@ S = RequestState
 #     plan's chains say which job waits for which; which drive reads it is the library's.)
 #   - then the located queue, from the trigger-kept counters (TapeBacklog: files and bytes per
 #     user and tape), as the turn policy hands it out: each user's tapes in the TAPEID order
-#     (a tape whose mount is planned or on a drive, then most of their files first), turns
+#     (a tape whose mount is planned, not sent yet, then most of their files first), turns
 #     to the user whose drive time held (their planned and sent work, then the turns given)
 #     with the run added is the smallest for their weight (the sharing policy's
 #     drive_weights), each tape's mount (spread_mount_s: the plan's
@@ -231,9 +231,10 @@ def project(*, now, control=None, health=None):
         tape_bytes[tape] = tape_bytes.get(tape, 0) + (nbytes or 0)
         label[tape], media_of[tape] = name, media or ""
         queues.setdefault(user, []).append(tape)  # most of the user's files first (TAPEID)
-    # A tape whose mount is planned or on a drive first (TAPEID: the rest of a tape cut by a cap).
-    open_labels = {m.tape for m in jobs.values()}
-    opened = {t for t in tape_files if label[t] in open_labels}
+    # A tape whose mount is planned and not sent yet first (TAPEID: the rest of a tape cut by a
+    # cap joins that mount). The pending jobs are bounded by the window.
+    opened = set(Job.objects.filter(state=JobState.PENDING, tape__isnull=False).order_by()
+                 .values_list("tape_id", flat=True).distinct()) & set(tape_files)
     if opened:
         queues = {user: sorted(tapes, key=lambda t: t not in opened) for user, tapes in queues.items()}
     users, groups = caps_and_weights(control, list(queues))
