@@ -538,11 +538,11 @@ done. Goals: `estimate_coverage_planned` â‰¥ 0.90, `estimate_coverage_located` â
 nice -n 10 .venv/bin/python manage.py simulate tests/workloads/WORKLOAD --report WORKLOAD.json
 ```
 
-Measured 2026-11-29 18:38-19:21 UTC on f9d9070's code (the loop fix below): the command above
-for overlap, bnl-704, bnl-large and the three pic-lto4; groups and storm through the same replay
+Measured 2026-11-29 22:36-23:05 UTC on 841a91d's code: the command above for overlap,
+bnl-704, bnl-large and the three pic-lto4; groups and storm through the same replay
 (`replay.replay_broker` and its recorder, as `simulate` runs them) from a scratch script that
 also wrote each file's ranges, for the percentiles below. Simulated figures, not timing.
-Before: the earlier table (2026-11-28, 19acf61's model).
+Before: the earlier table (f9d9070's code, 2026-11-29 18:38-19:21).
 
 | workload | coverage planned | coverage located | width ratio | goals met | before (planned / located / width) | makespan (s) |
 | --- | ---: | ---: | ---: | --- | --- | ---: |
@@ -551,34 +551,38 @@ Before: the earlier table (2026-11-28, 19acf61's model).
 | pic-lto4-full | 1.00 | 1.00 | 0.35 | **met** | 1.00 / 1.00 / 0.35 | 10,757 |
 | pic-lto4-alternate | 1.00 | 1.00 | 0.36 | **met** | 1.00 / 1.00 / 0.36 | 8,647 |
 | pic-lto4-far | 1.00 | 1.00 | 0.48 | **met** | 1.00 / 1.00 / 0.48 | 2,819 |
-| overlap | 0.75 | 0.75 | 0.32 | not met | 0.57 / 0.57 / 0.31 | 8,531 |
-| groups | 1.00 | 0.95 | 0.61 | not met (width) | 1.00 / 0.95 / 0.61 | 37,353 |
-| storm | 0.92 | 0.34 | 0.57 | not met (located, width) | not measured | 53,844 |
+| overlap | 0.75 | 0.75 | 0.32 | not met | 0.75 / 0.75 / 0.32 | 8,531 |
+| groups | 1.00 | 0.89 | 0.45 | **met** | 1.00 / 0.95 / 0.61 | 37,353 |
+| storm | 0.89 | 0.94 | 0.42 | not met (planned: 0.893) | 0.92 / 0.34 / 0.57 | 54,102 (was 53,844) |
 
-What changed (f9d9070, `carousel/loop/claiming.py`): files of a tape on a drive go out at once
-and join its mount; what waited on that drive behind the tape's earlier jobs now follows them.
-Before, it went out while the drive still read, and the chain's tail was the joined files
-(`MountPlanner._chains`: the last job created that nothing follows), so a final round laid out
-again followed them beside the chain's planned mounts and the library's queue chose the order:
-on overlap, six tapes planned fifth ran third, and the files first seen at 20 s went from 440 of
-1,200 inside their range to 1,138. overlap's makespan moved from 8,513 s to 8,531 s (30 mounts);
-bnl-704, bnl-large and the pic-lto4 replays are unchanged to the hundredth of a second, groups
-to the second (96 mounts, shares 0.499 / 0.252 / 0.125 / 0.124).
+What changed, in the loop (storm's remnants; nothing else changed in the other workloads'
+replays, whose makespans and mounts are the same to the hundredth of a second):
+- 873d205, `mounts.preempt`: a long mount cut for a short one resumes on the same drive after
+  the short mounts waiting there (`mounts._resume`), instead of its files going back to the
+  queue, where TAPEID put them behind every tape with more files.
+- 3dc24da and 841a91d, TAPEID: a tape whose mount is planned and not sent yet goes first in its
+  user's queue, so the rest of a tape cut by the cap (storm's production: 2,500 files in flight,
+  tapes of 200, refilled 100 at a time) joins that mount. Before, most of production's tapes
+  were read in two mounts, the second in the last hours (storm: 200 mounts for 130 tapes).
+- 2949e73: a short mount that would cut a long one goes behind the one with least left.
+- c80873b: the queued margins (0.75, 1.3) became (0.8, 1.2) (`estimates.MARGINS`: groups' and
+  storm's files first seen queued finish at 0.81 and 0.96 of the model's time at the 10th
+  percentile, 1.13 and 1.11 at the 90th; 1.25 would put groups' width ratio at 0.505).
 
 What is left. overlap: at 10 s, 1,200 of its 3,000 requests had arrived (12 analysts over
 30 s); the mounts then planned grow by the files that join them, and its files first seen then
 finish at a median 1.38 times their range's end (206 of 897 inside). A range that allowed for
 arrivals still to come (an allowance that grows with the last cycle's arrivals: 0.87 / 0.47 on
 this replay's dump with the right constant) would be a constant fitted to this workload; not
-done. storm: its production tapes are planned whole at 0 s; analysts' short mounts then cut some
-of them (the files after the one on the drive go back to the queue, and TAPEID reads such a
-remnant, with fewer files, after the whole tapes: such files are done at 40,000-53,000 s), and
-the final round is cut across drives.
-Its files first seen queued finish at 0.65 (10th percentile) to 2.3 (90th) of the model's time,
-so the range shown when located is early for most and late for the remnants (9,128 and 3,654
-of 19,400). groups: its files first seen queued finish at 0.81 to 1.13 of the model's time; the
-queued margins (0.75, 1.3) stay as set before either was measured: narrowed to groups' they
-would miss storm's even more.
+done. storm, planned: 0.893 (0.922 before), because the cut mounts now
+resume on their drive: a file planned on a chain behind a long mount that a short one then cuts
+waits for the short mount and for the rest of the cut one (the cut tapes' files, first planned
+at 0-30 s, and the final round planned at 42,000-45,000 s, finish after their range). storm
+itself: 145 mounts for 130 tapes (200 before), 54,102 s (53,844 before), all 30 analysts within
+1,800 s (the longest wait 974 s; 694 s before), at most 5 mounts of one tape in 24 h (2 before:
+the first tapes on the drives are cut more than once in the analysts' first hour; 2949e73 did
+not change that, and it made the longest analyst's wait 974 s instead of 694 s on 3dc24da's
+replay).
 """
 
 DEFAULTS = """

@@ -147,7 +147,7 @@ PROJECTION_PAIRS = 20_000
 # queue's future (arrivals that take turns, the final round cut across drives, a short mount
 # jumping ahead, a retry).
 # queued: the shared workloads whose files are first seen queued, groups and storm, finish at
-# 0.81 and 0.95 of the model's time (10th percentile) and at 1.13 and 1.11 (90th); (0.8, 1.2)
+# 0.81 and 0.96 of the model's time (10th percentile) and at 1.13 and 1.11 (90th); (0.8, 1.2)
 # holds the middle 80% of each with room at the top, and the width goal (0.5 of the median
 # wait) allows no more: 1.25 puts groups' width ratio at 0.505. (Before storm's cut tapes kept
 # their turn, its files finished at 0.65 to 2.3 of the model's time and no margin held them.)
