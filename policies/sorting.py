@@ -89,8 +89,8 @@ class SortPolicy:
     # Which candidate pools the selection step gathers for this policy (policies/selection.py),
     # each bounded by the user's allotment: "oldest" and "priority" always (the shared rules
     # need them); "newest"; "top_tapes" (the user's tapes with most files), "oldest_tapes"
-    # (the tapes of their oldest requests) and "open_tapes" (tapes whose mount is planned or on
-    # a drive) add the user's requests on those tapes.
+    # (the tapes of their oldest requests) and "open_tapes" (tapes whose mount is planned, not
+    # sent yet) add the user's requests on those tapes.
     pools = frozenset({"oldest", "priority"})
     # Policies that send a user's files tape by tape keep each tape's files together.
     whole_tapes = False
