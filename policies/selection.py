@@ -265,7 +265,7 @@ def _gather(allotments, sort, now, tapes):
         # the pending jobs (the window, N x K files).
         users = {user for user, _ in allotments}
         for user, tape, files in (TapeBacklog.objects.filter(user_id__in=users, files__gt=0,
-                                                             tape_id__in=_open_tapes())
+                                                             tape_id__in=open_tapes())
                                   .order_by("user_id", "tape_id").values_list("user_id", "tape_id", "files")):
             for key in allotments:
                 if key[0] == user:
@@ -320,7 +320,7 @@ def _tape_info(new_tapes, now, tapes, pairs):
     for u, t, f in db.lateral(USER_ON_TAPE_SQL, [(u, t, 1) for u, t in sorted(pairs) if t in new_tapes]):
         user_files[t][u] = f
     oldest = {t: at for t, at in db.lateral(OLDEST_ON_TAPE_SQL, [(t, 1) for t in sorted(new_tapes)])}
-    opened = set(_open_tapes().filter(tape_id__in=new_tapes))
+    opened = set(open_tapes().filter(tape_id__in=new_tapes))
     for t in new_tapes:
         files, nbytes = totals.get(t, (0, 0))
         age = (now - _aware(oldest[t])).total_seconds() if t in oldest else 0.0
@@ -328,7 +328,7 @@ def _tape_info(new_tapes, now, tapes, pairs):
                             oldest_age_s=age, user_files=user_files[t], open=t in opened)
 
 
-def _open_tapes():
+def open_tapes():
     """The tapes whose mount is planned and not sent yet (their pending jobs'). (Not those
     on a drive: their new files ride along when chosen anyway; putting them first too took
     turns from other tapes and cost overlap three more mounts, 9,642 s for 8,531 s.)"""

@@ -33,7 +33,7 @@ from carousel.models import (
 from carousel.outlook.shares import caps_and_weights, drive_time_share_of, throughput_shares
 from carousel.tape import MB, MEDIA, mount_lead_tail_s, mount_profile
 from policies.order import read_order
-from policies.selection import held_drive_time, params_from, share_policy
+from policies.selection import held_drive_time, open_tapes, params_from, share_policy
 from policies.sharing import GroupLimit, UserDemand
 from policies.sorting import TapeInfo, worth_mounting
 
@@ -232,9 +232,8 @@ def project(*, now, control=None, health=None):
         label[tape], media_of[tape] = name, media or ""
         queues.setdefault(user, []).append(tape)  # most of the user's files first (TAPEID)
     # A tape whose mount is planned and not sent yet first (TAPEID: the rest of a tape cut by a
-    # cap joins that mount). The pending jobs are bounded by the window.
-    opened = set(Job.objects.filter(state=JobState.PENDING, tape__isnull=False).order_by()
-                 .values_list("tape_id", flat=True).distinct()) & set(tape_files)
+    # cap joins that mount), as the selection step reads them.
+    opened = set(open_tapes()) & set(tape_files)
     if opened:
         queues = {user: sorted(tapes, key=lambda t: t not in opened) for user, tapes in queues.items()}
     users, groups = caps_and_weights(control, list(queues))
