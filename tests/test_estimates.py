@@ -141,6 +141,25 @@ def test_two_mounts_planned_after_the_same_one_are_read_one_after_the_other(alic
     assert later > 0.85 * (3600 + 1800), (got["/t2/a"].eta, got["/t3/a"].eta)
 
 
+def test_a_chains_last_mount_may_start_when_the_first_drive_frees_while_more_work_waits(alice, bob, now):
+    """While more work waits, the final round is not laid out yet: when the queue runs dry the
+    loop takes each chain's last long mount back and lays it out again, so T2 (1,800 s, behind
+    T1's 3,600 s left on drive 0) may start when drive 1 frees (T3: 1,200 s). Its range says
+    so; once nothing waits (the final round is laid out), it is T2's chain's again."""
+    drives(n=2, speedup=1)
+    chain_of_two(alice, now)
+    located(alice, {"/t3/a": ("T3", 10**9)}, now)
+    other = Job.objects.create(created_at=now, tape=Tape.objects.get(label="T3"), state="sent", chain="LTO-7/1",
+                               estimate_s=1200, files=1, sent_at=now - timedelta(seconds=600))
+    RestoreRequest.objects.filter(path="/t3/a").update(state="staging", job=other, submitted_at=now, started_at=now)
+    located(bob, {"/b/waits": ("TB", 10**9)}, now)
+    low, high = outlooks(alice, now)["/t2/a"].eta
+    assert low < 0.85 * (1200 + 1800) and high > 3600 + 1800, (low, high)
+    RestoreRequest.objects.filter(path="/b/waits").update(state="cancelled", finished_at=now)
+    low, high = outlooks(alice, now)["/t2/a"].eta
+    assert low > 0.85 * 3600 and high > 3600 + 1800, (low, high)
+
+
 def test_a_sent_job_whose_tape_is_in_no_drive_waits_for_a_drive(alice, now):
     """The stager's status names the tapes in its drives: a job sent ten minutes ago for
     another tape waits in the library's queue until the mount on the only drive is done."""

@@ -110,7 +110,7 @@ class MountPlanner:
         # tapes keep every drive busy with one mount each.
         # (This cycle's claims are still queued until its jobs are made.)
         keys = [f[1] for files in ordered.values() for f in files]
-        split = not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists() and not any_unlocated()
+        split = last_of_backlog(keys)
         # The chains' last mounts taken back come first: their turns came before this cycle's.
         groups = {} if groups is None else groups
         replanned = self._take_back(ordered, tapes, groups) if split else []
@@ -284,7 +284,7 @@ class MountPlanner:
             return False
         if not open_jobs.filter(state=JobState.PENDING, jumps_queue=False).exists():
             return False
-        return not RestoreRequest.objects.filter(READY).exists() and not any_unlocated()
+        return last_of_backlog()
 
     def _take_back(self, ordered, tapes, groups):
         """Take the last long mount planned on each drive's chain, when none of it is sent yet
@@ -296,28 +296,9 @@ class MountPlanner:
         read order with this cycle's new files of the same tape); jobs that followed them now
         follow what they followed. Returns the tapes taken back, in the order they were
         planned; `self.taken_back` holds their jobs. Bounded by the drives."""
-        open_jobs = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
-                         .order_by("created_at", "rank")
-                         .values_list("id", "tape_id", "state", "after_id", "jumps_queue", "chain", "group_id",
-                                      "sent_at"))
+        open_jobs = open_chain_jobs()
         row_of = {row[0]: row for row in open_jobs}
-        followed = {row[3] for row in open_jobs}
-        ends = set()
-        for job, tape, _, _, _, chain, _, _ in open_jobs:
-            if job in followed:
-                continue
-            row = row_of[job]
-            # A pending job already tried (sent_at: its submit timed out or the process died,
-            # perhaps after the stager took it) is sent again with its id, never planned again:
-            # its files on new jobs were read twice (seed 10069 of the fault simulator).
-            while (row is not None and row[2] == JobState.PENDING and row[7] is None and not row[4]
-                   and row[1] == tape and row[5] == chain):
-                ends.add(row[0])
-                row = row_of.get(row[3])
-        of_tape = {}
-        for job, tape, *_ in open_jobs:
-            of_tape.setdefault(tape, set()).add(job)
-        back = {job for job in ends if of_tape[row_of[job][1]] <= ends}
+        back = chain_ends(open_jobs)
         self.taken_back = back
         for job in back:
             groups.setdefault(row_of[job][1], row_of[job][6])
@@ -372,6 +353,45 @@ class MountPlanner:
             if job_id not in followed:
                 chain.tail = job_id
         return chains
+
+
+def last_of_backlog(keys=()):
+    """Whether nothing waits to be chosen or located but the requests of `keys` (path keys):
+    the work planned is the last there is, and the final round is laid out (lay_out)."""
+    return not RestoreRequest.objects.filter(READY).exclude(path_key__in=keys).exists() and not any_unlocated()
+
+
+def open_chain_jobs():
+    """The unfinished jobs on the chains, in the order they were planned, as rows (id, tape id,
+    state, after id, jumps_queue, chain, group id, sent_at). Bounded by the window (N x K)."""
+    return list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT)).exclude(chain="")
+                .order_by("created_at", "rank")
+                .values_list("id", "tape_id", "state", "after_id", "jumps_queue", "chain", "group_id", "sent_at"))
+
+
+def chain_ends(open_jobs):
+    """The jobs a final-round layout takes back (MountPlanner._take_back) among `open_jobs`
+    (open_chain_jobs()'s rows): the last long mount planned on each
+    chain, when none of it is sent or tried, and only when all its tape's open jobs are such
+    ends. (The outlook's estimates read the same set: where the loop may still move a mount.)"""
+    row_of = {row[0]: row for row in open_jobs}
+    followed = {row[3] for row in open_jobs}
+    ends = set()
+    for job, tape, _, _, _, chain, _, _ in open_jobs:
+        if job in followed:
+            continue
+        row = row_of[job]
+        # A pending job already tried (sent_at: its submit timed out or the process died,
+        # perhaps after the stager took it) is sent again with its id, never planned again:
+        # its files on new jobs were read twice (seed 10069 of the fault simulator).
+        while (row is not None and row[2] == JobState.PENDING and row[7] is None and not row[4]
+               and row[1] == tape and row[5] == chain):
+            ends.add(row[0])
+            row = row_of.get(row[3])
+    of_tape = {}
+    for job, tape, *_ in open_jobs:
+        of_tape.setdefault(tape, set()).add(job)
+    return {job for job in ends if of_tape[row_of[job][1]] <= ends}
 
 
 @dataclass

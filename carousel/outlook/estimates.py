@@ -14,7 +14,7 @@ import heapq
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from datetime import datetime, timedelta
 
@@ -25,7 +25,7 @@ from django.db.models import Count, F, Min, Q, Sum
 from carousel.domain.paths import delivery_target
 from carousel.domain.selectors.summary import jobs_limit
 from carousel.loop.health import projected_disk_use
-from carousel.loop.mounts import MountPlanner
+from carousel.loop.mounts import MountPlanner, chain_ends, last_of_backlog, open_chain_jobs
 from carousel.models import (
     IN_FLIGHT_STATES, READY, Control, HealthState, Job, JobState, RequestState, RestoreRequest, StagerHealth,
     TapeBacklog, Transition,
@@ -197,6 +197,9 @@ class Projection:
     turns: dict  # (user id, tape id) -> (the user's own runs before it, all runs before it)
     end_s: float  # when the projected work is done
     capped: bool  # the queue had more (user, tape) pairs than PROJECTION_PAIRS
+    # job id -> how much earlier (library seconds) it may start: a chain's last long mount,
+    # while more work waits, may yet be laid out again for the final round (_movable)
+    movable: dict = field(default_factory=dict)
 
     def wall(self, seconds):
         return seconds / self.speedup
@@ -214,7 +217,8 @@ def project(*, now, control=None, health=None):
     if planner is None:
         return None
     speedup = library_speedup(health)
-    jobs, chains, drive_free = _project_jobs(planner, health.status or {}, planner.exchange_s)
+    jobs, chains, drive_free, drive_of = _project_jobs(planner, health.status or {}, planner.exchange_s)
+    movable = _movable(jobs, drive_free, drive_of)
     free = {}
     for name, at in drive_free.items():
         free.setdefault(name.rsplit("/", 1)[0], []).append((max(0.0, at), name))
@@ -278,7 +282,35 @@ def project(*, now, control=None, health=None):
         if queues[user]:
             heapq.heappush(heap, tag(user))
     return Projection(now=now, speedup=speedup, exchange_s=planner.exchange_s, jobs=jobs, chains=chains, runs=runs,
-                      tape_files=tape_files, turns=turns, end_s=end_s, capped=capped)
+                      tape_files=tape_files, turns=turns, end_s=end_s, capped=capped, movable=movable)
+
+
+def _movable(jobs, drive_free, drive_of):
+    """{job id: library seconds it may start earlier than projected} for the mounts the loop
+    may still move. While more work waits to be chosen or located, the final round is not laid
+    out yet: when the queue runs dry, the last long mount planned on each chain (the jobs
+    mounts.chain_ends names, the set the loop takes back) is laid out again across the
+    drives, and may then start as soon as the first drive frees of all but such mounts
+    (storm: its production stops while its last tapes wait behind two mounts each, and the
+    drives that free first take some of them half an hour before their chains would have).
+    Each tape's jobs move together. Empty once the final round is laid out."""
+    if not jobs or last_of_backlog():
+        return {}
+    rows = open_chain_jobs()
+    taken = chain_ends(rows)
+    ends = [(job, tape) for job, tape, *_ in rows if job in taken and job in jobs]
+    if not ends:
+        return {}
+    moved = {job for job, _ in ends}
+    frees = dict.fromkeys(drive_free, 0.0)  # each drive's end of the work that stays
+    for job, drive in drive_of.items():
+        if job not in moved:
+            frees[drive] = max(frees[drive], jobs[job].end)
+    earliest = min(frees.values(), default=0.0)
+    first = {}
+    for job, tape in ends:
+        first[tape] = min(first.get(tape, math.inf), jobs[job].start)
+    return {job: max(0.0, first[tape] - max(0.0, earliest)) for job, tape in ends}
 
 
 # A queued tape's mount from its counters (files and bytes; their places are not read): the
@@ -347,7 +379,7 @@ class _Open:
 
 def _project_jobs(planner, status, exchange_s):
     """({job id: Mount of its part of its mount}, {chain: [job id] in the projection's order},
-    {drive: when it frees}) for the open jobs (bounded by the window, N x K), in library
+    {drive: when it frees}, {job id: the drive that reads it}) for the open jobs (bounded by the window, N x K), in library
     seconds from now, laid out as the library runs them (carousel/sim/library.py): a job for a
     tape in a drive joins that drive's work, after what it has; any other waits in the
     library's queue, and a drive that frees takes the oldest there (with every queued job of
@@ -369,7 +401,7 @@ def _project_jobs(planner, status, exchange_s):
     free = {name: 0.0 for names in pools.values() for name in names}
     taken = set()  # drives holding a mount now
     mounts = {}  # tape id -> its _Open mount, the last projected
-    jobs = {}
+    jobs, drive_of = {}, {}
 
     def pool(media):
         return pools.get(media) if media in pools else pools.get("", [])
@@ -399,6 +431,7 @@ def _project_jobs(planner, status, exchange_s):
         mount.end = max(end, at)
         if mount.drive is not None:
             free[mount.drive] = mount.end
+            drive_of[job] = mount.drive
         return mount.end
 
     # The mounts on the drives now; the other sent jobs wait in the library's queue, oldest first.
@@ -470,7 +503,7 @@ def _project_jobs(planner, status, exchange_s):
     for job_id, mount in sorted(jobs.items(), key=lambda kv: (kv[1].start, kv[1].end)):
         if mount.chain:
             chains.setdefault(mount.chain, []).append(job_id)
-    return jobs, chains, free
+    return jobs, chains, free, drive_of
 
 
 def _file_time(mount, rank, files):
@@ -733,7 +766,10 @@ def request_outlooks(requests, *, user, ctx):
             eta, ahead_of_it = None, ""
             if proj is not None and r.job_id in proj.jobs:
                 mount = proj.jobs[r.job_id]
-                eta = _range(proj, _file_time(mount, r.job_rank, job_files), "planned", cycle_s)
+                t = _file_time(mount, r.job_rank, job_files)
+                eta = _range(proj, t, "planned", cycle_s)
+                if proj.movable.get(r.job_id):
+                    eta = (_range(proj, t - proj.movable[r.job_id], "planned", cycle_s)[0], eta[1])
                 ahead_of_it = _mounts_ahead(proj, chain, r.job_id)
             elif at_stager:
                 eta = (0.0, None)
