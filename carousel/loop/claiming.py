@@ -8,12 +8,11 @@ from django.db.models import Exists, OuterRef, Sum
 from policies.order import read_order
 from policies.selection import select
 from policies.sorting import in_read_order
-from policies.turns import EXCHANGE_S
 
 from carousel.infra.db import insert_rows, update_joined
 from carousel.loop.locating import any_unlocated
 from carousel.models import IN_FLIGHT_STATES, Job, JobState, RequestState as S, RestoreRequest, UserBacklog
-from carousel.loop.mounts import Planned
+from carousel.loop.mounts import Planned, mount_estimate_s
 from carousel.domain.services import request_claim
 from carousel.stagers.base import JobSpec
 from carousel.tape import MEDIA, mount_profile
@@ -131,15 +130,6 @@ def _within(chosen, byte_budget):
     return kept
 
 
-def _estimate(media, files):
-    """A job's estimated drive time, without a plan too: the turn policy charges it
-    (policies/turns.py). 0 for a technology the model does not know."""
-    if media not in MEDIA:
-        return 0.0
-    pre, _ = mount_profile(media, [(f[2], f[3]) for f in files], exchange_s=EXCHANGE_S)
-    return pre[-1]
-
-
 def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
     """Tapes in the order the policies chose them; each tape's files in read order, at most
     N (control.files_per_job) distinct files per job. With `drives`, each tape's work is a piece of a
@@ -163,7 +153,7 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
         pieces = drives.lay_out(ordered, tapes, users, control=control, groups=groups, now=now,
                                 priorities=priorities)
     else:
-        pieces = [Planned(tape_id, files, estimate_s=_estimate(tapes[tape_id].media, files))
+        pieces = [Planned(tape_id, files, estimate_s=mount_estimate_s(tapes[tape_id].media, [(f[2], f[3]) for f in files]))
                   for tape_id, files in ordered.items()]
     files_per_job = control.files_per_job
     jobs, job_of_key, rank_of_key = [], {}, {}

@@ -355,6 +355,16 @@ class MountPlanner:
         return chains
 
 
+def mount_estimate_s(media, places):
+    """A job's estimated drive time from its files' (position, size) in read order, without a
+    plan too: the turn policy charges it (policies/turns.py). 0 for a technology the model
+    does not know."""
+    if media not in MEDIA:
+        return 0.0
+    pre, _ = mount_profile(media, places, exchange_s=EXCHANGE_S)
+    return pre[-1]
+
+
 def last_of_backlog(keys=()):
     """Whether nothing waits to be chosen or located but the requests of `keys` (path keys):
     the work planned is the last there is, and the final round is laid out (lay_out)."""
@@ -613,8 +623,7 @@ def _resume(cut, paths, *, after, now, control):
     files = sorted(rows)
     media = cut.tape.media if cut.tape_id else None
     files = [files[k] for k in read_order(media, [(i, rows[p][1], rows[p][2]) for i, p in enumerate(files)])]
-    estimate = mount_profile(media, [rows[p][1:] for p in files], exchange_s=EXCHANGE_S)[0][-1] \
-        if media in MEDIA else 0.0
+    estimate = mount_estimate_s(media, [rows[p][1:] for p in files])
     placed = []
     for rank, start in enumerate(range(0, len(files), control.files_per_job)):
         part = files[start:start + control.files_per_job]
