@@ -60,7 +60,10 @@ S = RequestState
 #     of its technology that frees first.
 #     A tape several users want is one mount, taken at the first of their turns.
 # A file's time inside its mount is its place in read order (its rank in the job, or its rank
-# by position among the tape's queued files) between the mount's lead and tail. Times are
+# by position among the tape's queued files) between the mount's lead and tail. A planned
+# file's range reaches earlier when its mount is one the loop may still move: while more work
+# waits, the last long mount on each chain is laid out again for the final round once the
+# queue runs dry, and may then start when the first drive frees (_movable). Times are
 # divided by the library's speed-up (a simulated library running N times faster than life:
 # its status() gives `speedup`) and widened by margins measured on the replays
 # (docs/benchmarks.md: estimate_coverage_*), plus a cycle: the loop sees a file done at its
