@@ -153,11 +153,15 @@ def test_a_chains_last_mount_may_start_when_the_first_drive_frees_while_more_wor
                                estimate_s=1200, files=1, sent_at=now - timedelta(seconds=600))
     RestoreRequest.objects.filter(path="/t3/a").update(state="staging", job=other, submitted_at=now, started_at=now)
     located(bob, {"/b/waits": ("TB", 10**9)}, now)
-    low, high = outlooks(alice, now)["/t2/a"].eta
+    got = outlooks(alice, now)["/t2/a"]
+    low, high = got.eta
     assert low < 0.85 * (1200 + 1800) and high > 3600 + 1800, (low, high)
+    assert "it may go sooner, on the drive that frees first" in got.reasons[-1]
     RestoreRequest.objects.filter(path="/b/waits").update(state="cancelled", finished_at=now)
-    low, high = outlooks(alice, now)["/t2/a"].eta
+    got = outlooks(alice, now)["/t2/a"]
+    low, high = got.eta
     assert low > 0.85 * 3600 and high > 3600 + 1800, (low, high)
+    assert len(got.reasons) == 1
 
 
 def test_a_sent_job_whose_tape_is_in_no_drive_waits_for_a_drive(alice, now):

@@ -766,19 +766,21 @@ def request_outlooks(requests, *, user, ctx):
             out[r.id] = Outlook(own_ahead=own_ahead, ahead=ahead, capped=capped, eta=eta,
                                 reasons=tuple(reasons) + no_rate)
         elif r.state == S.SUBMITTED and job_state == JobState.PENDING:
-            eta, ahead_of_it = None, ""
+            eta, ahead_of_it, sooner = None, "", ()
             if proj is not None and r.job_id in proj.jobs:
                 mount = proj.jobs[r.job_id]
                 t = _file_time(mount, r.job_rank, job_files)
                 eta = _range(proj, t, "planned", cycle_s)
                 if proj.movable.get(r.job_id):
                     eta = (_range(proj, t - proj.movable[r.job_id], "planned", cycle_s)[0], eta[1])
+                    sooner = ("it may go sooner, on the drive that frees first, when the last of the queue "
+                              "is planned (the final round is laid out again then)",)
                 ahead_of_it = _mounts_ahead(proj, chain, r.job_id)
             elif at_stager:
                 eta = (0.0, None)
             out[r.id] = Outlook(own_ahead=0, ahead=0, eta=eta, reasons=(
                 f"planned on drive {chain or '?'}: sent to the stager once the mount before it there "
-                f"is done{ahead_of_it}",))
+                f"is done{ahead_of_it}", *sooner))
         elif r.state in IN_FLIGHT_STATES:
             doing = "being read from tape" if r.state == S.STAGING else "at the stager, waiting for tape"
             if proj is not None and r.job_id in proj.jobs:
