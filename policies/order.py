@@ -41,6 +41,14 @@ class Run(NamedTuple):
     keys: list
 
 
+def position_order(files):
+    """Keys of the (key, offset, size) files of one tape in ascending offset: the order a tape
+    system that schedules its own recalls reads a request in (dCache's and CTA's recalls,
+    HPSS's ordered recall, the hsm-fifo model), whatever order they were sent in."""
+    return [key for key, _, _ in sorted(((key, offset, size or 0) for key, offset, size in files),
+                                        key=lambda file: (file[1], file[2]))]
+
+
 def read_order(media, files):
     """Keys of the (key, offset, size) files of one tape, in the order to read them. Unknown
     media, "" or None: ascending offset. A size of None (not known yet) counts as 0."""

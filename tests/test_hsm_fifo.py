@@ -117,10 +117,10 @@ def test_the_command_refuses_a_map_without_a_hiding_backend(tmp_path):
         call_command("simulate", str(path), "--baseline", "eradat", "--backend", "hsm-fifo")
 
 
-def one_tape(arrivals):
-    """One LTO-8 tape of ten files scattered along it, one drive; `arrivals`: [(t, [file
-    indexes])]."""
-    offsets = [(i * 7 % 10) * 900 * GB for i in range(10)]
+def one_tape(arrivals, spacing_gb=900):
+    """One LTO-8 tape of ten files scattered along it, `spacing_gb` apart, one drive;
+    `arrivals`: [(t, [file indexes])]."""
+    offsets = [(i * 7 % 10) * spacing_gb * GB for i in range(10)]
     tape = {"label": "T0", "media": "LTO-8", "used_bytes": 11_000 * GB,
             "files": [[f"/d/T0-f{i}", 2 * GB, offsets[i]] for i in range(10)]}
     requests = [{"t": t, "user": "charlie", "path": f"/d/T0-f{i}"} for t, files in arrivals for i in files]
@@ -159,3 +159,27 @@ def test_behind_hidden_drives_late_files_of_a_mounted_tape_wait_for_its_next_mou
     jobs = list(Job.objects.filter(tape__label="T0").order_by("sent_at"))
     assert len(jobs) == 2
     assert jobs[1].sent_at >= jobs[0].finished_at
+
+
+def test_behind_hidden_drives_a_mount_is_estimated_in_the_order_the_stager_reads(db):
+    """Such a stager reads in position order, whatever order the files were sent in: the job's
+    estimate (what the turns charge, what the pages show) is that mount's, not the one the
+    planner's read order would take (on LTO-8, position order over scattered files costs a
+    pass along the tape per wrap: on groups' tapes 1.75 times the read order's)."""
+    from carousel.models import Job
+    from carousel.tape import mount_profile
+    from policies.order import position_order, read_order
+
+    w = one_tape([(0, range(10))], spacing_gb=60)  # ten wraps apart: the serpentine matters
+    result = report(w, replay_broker(w, backend="hsm-fifo", tape_map=True))
+    assert result["files_done"] == 10
+    job = Job.objects.get(tape__label="T0")
+    files = [(path, w.files[path].offset, w.files[path].size) for path in w.files]
+    place = {path: (offset, size) for path, offset, size in files}
+
+    def mount_s(order):
+        return mount_profile("LTO-8", [place[k] for k in order], exchange_s=11.0)[0][-1]
+
+    by_position, by_plan = mount_s(position_order(files)), mount_s(read_order("LTO-8", files))
+    assert by_position > 1.2 * by_plan
+    assert job.estimate_s == pytest.approx(by_position, rel=0.01), (job.estimate_s, by_position, by_plan)

@@ -16,7 +16,7 @@ from carousel.stagers.base import Location
 from carousel.stagers.immediate import ImmediateStager
 from carousel.stagers.tape_rest import TapeRestStager
 from carousel.tape import BEYOND_TAPE_END, GB
-from policies.order import read_order
+from policies.order import position_order
 from tests.fakes.tape_rest_server import TapeRestServer
 
 
@@ -213,6 +213,7 @@ def test_tape_rest_sends_one_stage_request_per_tape_and_one_tape_per_drive(alice
     assert len(requests) == 3
     for files in requests:
         assert len({paths[p] for p in files}) == 1
-        # In the read order of the map's positions.
-        assert files == read_order("LTO-8", [(p, positions[p], GB) for p in files])
+        # In the order of the map's positions: such an endpoint reads a request in position
+        # order (MountPlanner.order), so that is the mount the broker plans and estimates.
+        assert files == position_order([(p, positions[p], GB) for p in files])
     assert Counter(paths[files[0]] for files in requests) == Counter({"V0": 1, "V1": 1, "V2": 1})

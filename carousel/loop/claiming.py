@@ -98,7 +98,8 @@ def _merge_into_pending(pieces, tapes, files_per_job, drives):
         if len(files) > files_per_job:
             continue
         media = tapes[piece.tape].media if piece.tape in tapes else None
-        order = read_order(media, [(k, f[2], f[3]) for k, f in files.items()])
+        places = [(k, f[2], f[3]) for k, f in files.items()]
+        order = drives.order(media, places) if drives is not None else read_order(media, places)
         placed.update((key, (job, rank)) for rank, key in enumerate(order))
         estimate = piece.estimate_s
         if drives is not None and media in MEDIA:
@@ -165,14 +166,10 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
             continue  # merged into its tape's pending job
         # A piece after another one planned in this cycle follows that one's last job.
         after = piece.after.last_job if isinstance(piece.after, Planned) else piece.after
-        cuts = piece.files
-        if len(cuts) > files_per_job and drives is not None and not drives.shown:
-            # A stager that hides its drives reads each request in position order, one mount
-            # per request: cut the tape into stretches along it, not the read order into parts
-            # that each reach across the whole tape.
-            cuts = sorted(cuts, key=lambda f: f[2])
-        for start in range(0, len(cuts), files_per_job):
-            part = cuts[start:start + files_per_job]
+        # (Behind a stager that hides its drives the files are in position order already
+        # (MountPlanner.order): parts of N are stretches along the tape.)
+        for start in range(0, len(piece.files), files_per_job):
+            part = piece.files[start:start + files_per_job]
             job = Job(tape_id=piece.tape, files=len(part), created_at=now, rank=len(jobs), chain=piece.chain,
                       group_id=groups.get(piece.tape),
                       after_id=after, jumps_queue=piece.jumps, estimate_s=piece.estimate_s * len(part) / len(piece.files))

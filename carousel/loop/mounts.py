@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import Count, F, Q, Sum, Value
 from django.db.models.functions import Greatest
 
-from policies.order import read_order
+from policies.order import position_order, read_order
 from policies.sorting import TapeInfo
 from policies.turns import EXCHANGE_S
 
@@ -90,6 +90,12 @@ class MountPlanner:
         return cls(drives=counts, read_rate_mb_s=status.get("read_rate_mb_s"),
                    exchange_s=float(status.get("exchange_s") or 11.0), shown=shown)
 
+    def order(self, media, files):
+        """Keys of one tape's (key, offset, size) files in the order its stager will read them:
+        the plan's read order, or position order behind a stager that hides its drives (it
+        reads in its own order, so that is the order its mounts take the time of)."""
+        return read_order(media, files) if self.shown else position_order(files)
+
     def mounts_wanted(self):
         """How many more long mounts the drives' chains take now: MOUNTS_AHEAD each, less the
         long mounts laid on it and not finished (a tape's jobs on one chain are one mount)."""
@@ -114,6 +120,13 @@ class MountPlanner:
         # The chains' last mounts taken back come first: their turns came before this cycle's.
         groups = {} if groups is None else groups
         replanned = self._take_back(ordered, tapes, groups) if split else []
+        if not self.shown:
+            # Its mounts are planned, estimated and cut (in stretches along the tape, not parts
+            # of the read order that each reach across it) as such a stager reads them.
+            for tape_id, files in ordered.items():
+                media = tapes[tape_id].media if tape_id in tapes else None
+                by_key = {f[1]: f for f in files}
+                ordered[tape_id] = [by_key[k] for k in self.order(media, [(f[1], f[2], f[3]) for f in files])]
         order = [*replanned, *(tape for tape in ordered if tape not in set(replanned))]
         replanned = set(replanned)
         chains = self._chains()
@@ -323,7 +336,7 @@ class MountPlanner:
             media = media_of.get(tape_id)
             if tape_id not in tapes:
                 tapes[tape_id] = TapeInfo(id=tape_id, media=media or None, files=0, bytes=0, oldest_age_s=0.0)
-            ordered[tape_id] = [merged[k] for k in read_order(media, [(k, f[2], f[3]) for k, f in merged.items()])]
+            ordered[tape_id] = [merged[k] for k in self.order(media, [(k, f[2], f[3]) for k, f in merged.items()])]
         return list(taken)
 
     def _chains(self):

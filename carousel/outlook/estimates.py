@@ -32,7 +32,7 @@ from carousel.models import (
 )
 from carousel.outlook.shares import caps_and_weights, drive_time_share_of, throughput_shares
 from carousel.tape import MB, MEDIA, mount_lead_tail_s, mount_profile
-from policies.order import read_order
+from policies.order import position_order, read_order
 from policies.selection import held_drive_time, open_tapes, params_from, share_policy
 from policies.sharing import GroupLimit, UserDemand
 from policies.sorting import TapeInfo, worth_mounting
@@ -249,7 +249,8 @@ def project(*, now, control=None, health=None):
     weights = share_policy(control.share_policy).drive_weights(demands, limits) if demands else {}
     held = held_drive_time(list(queues))  # as the turn policy counts it
     seconds = {t: spread_mount_s(_media(media_of[t]), tape_files[t], tape_bytes[t],
-                                 read_rate_mb_s=planner.read_rate_mb_s, exchange_s=planner.exchange_s)
+                                 read_rate_mb_s=planner.read_rate_mb_s, exchange_s=planner.exchange_s,
+                                 by_position=not planner.shown)
                for t in tape_files}
 
     def tag(user):
@@ -330,17 +331,18 @@ SPREAD_FILL_STEPS = 10
 SPREAD_SAMPLED_FILES = 24  # placements are averaged until they hold this many files
 
 
-def spread_mount_s(media, files, nbytes, *, read_rate_mb_s=None, exchange_s=0.0):
+def spread_mount_s(media, files, nbytes, *, read_rate_mb_s=None, exchange_s=0.0, by_position=False):
     """Drive time of one mount reading `files` files of `nbytes` bytes in all, their places on
     the tape unknown: the robot's exchanges, the load and unload, the reads and the positioning
-    the plan's read order would take over files spread along the tape."""
+    the plan's read order would take over files spread along the tape (`by_position`: position
+    order, as a stager that hides its drives reads, MountPlanner.order)."""
     if files <= 0:
         return 0.0
     m = MEDIA[media]
     rate = read_rate_mb_s or m.read_rate_mb_s
     n = files if files <= SPREAD_EXACT_UP_TO else min(SPREAD_MOST, _spread_count(files))
     fill = min(SPREAD_FILL_STEPS, round(nbytes / m.capacity_bytes * SPREAD_FILL_STEPS))
-    positioning = _positioning_s(media, n, fill) * files / n
+    positioning = _positioning_s(media, n, fill, by_position) * files / n
     reads = nbytes / (rate * MB) + files * m.file_overhead_s
     return 2 * exchange_s + m.load_s + m.unload_s + reads + positioning
 
@@ -352,7 +354,7 @@ def _spread_count(files):
 
 
 @lru_cache(maxsize=4096)
-def _positioning_s(media, n, fill):
+def _positioning_s(media, n, fill, by_position=False):
     """The seconds of a mount of `n` files spread along a `media` tape, filling `fill` tenths
     of it, that are neither reading nor the robot's, load or unload: locates and the rewind (the
     mean over a few placements when they are few: one file's place is anywhere)."""
@@ -364,7 +366,7 @@ def _positioning_s(media, n, fill):
     total = 0.0
     for _ in range(samples):
         places = [(i, int(i * stretch + rnd.random() * max(0.0, stretch - size)), size) for i in range(n)]
-        order = read_order(media, places)
+        order = position_order(places) if by_position else read_order(media, places)
         pre, _ = mount_profile(media, [(places[k][1], places[k][2]) for k in order])
         total += pre[-1]
     reads = n * (size / (m.read_rate_mb_s * MB) + m.file_overhead_s)
