@@ -624,8 +624,9 @@ def _last_short(waiting):
 @transaction.atomic
 def _resume(cut, paths, *, after, now, control):
     """The files of `paths` cut from `cut`'s mount and queued again, planned as a mount of
-    their own (jobs of at most N files, in read order) on the same chain right after job
-    `after`, their requests claimed for it; the long mounts that followed `after` follow it."""
+    their own (jobs of at most N files, in the order its stager reads them: MountPlanner.order)
+    on the same chain right after job `after`, their requests claimed for it; the long mounts
+    that followed `after` follow it."""
     rows = {}  # path -> (key, position, size): one per file, its requests queued again
     for path, key, position, size in (RestoreRequest.objects.filter(tape_id=cut.tape_id, path__in=paths,
                                                                       state=S.QUEUED)
@@ -635,7 +636,9 @@ def _resume(cut, paths, *, after, now, control):
         return
     files = sorted(rows)
     media = cut.tape.media if cut.tape_id else None
-    files = [files[k] for k in read_order(media, [(i, rows[p][1], rows[p][2]) for i, p in enumerate(files)])]
+    planner = MountPlanner.from_status(StagerHealth.get().status or {}, control)
+    places = [(i, rows[p][1], rows[p][2]) for i, p in enumerate(files)]
+    files = [files[k] for k in (planner.order(media, places) if planner else read_order(media, places))]
     estimate = mount_estimate_s(media, [rows[p][1:] for p in files])
     placed = []
     for rank, start in enumerate(range(0, len(files), control.files_per_job)):
