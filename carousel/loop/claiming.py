@@ -154,7 +154,8 @@ def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
         pieces = drives.lay_out(ordered, tapes, users, control=control, groups=groups, now=now,
                                 priorities=priorities)
     else:
-        pieces = [Planned(tape_id, files, estimate_s=mount_estimate_s(tapes[tape_id].media, [(f[2], f[3]) for f in files]))
+        pieces = [Planned(tape_id, files,
+                          estimate_s=mount_estimate_s(tapes[tape_id].media, [(f[2], f[3]) for f in files]))
                   for tape_id, files in ordered.items()]
     files_per_job = control.files_per_job
     jobs, job_of_key, rank_of_key = [], {}, {}

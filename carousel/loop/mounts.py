@@ -369,9 +369,9 @@ class MountPlanner:
 
 
 def mount_estimate_s(media, places):
-    """A job's estimated drive time from its files' (position, size) in read order, without a
-    plan too: the turn policy charges it (policies/turns.py). 0 for a technology the model
-    does not know."""
+    """A job's estimated drive time from its files' (position, size) in the order the mount
+    reads them, without a plan too: the turn policy charges it (policies/turns.py). 0 for a
+    technology the model does not know."""
     if media not in MEDIA:
         return 0.0
     pre, _ = mount_profile(media, places, exchange_s=EXCHANGE_S)
@@ -394,9 +394,9 @@ def open_chain_jobs():
 
 def chain_ends(open_jobs):
     """The jobs a final-round layout takes back (MountPlanner._take_back) among `open_jobs`
-    (open_chain_jobs()'s rows): the last long mount planned on each
-    chain, when none of it is sent or tried, and only when all its tape's open jobs are such
-    ends. (The outlook's estimates read the same set: where the loop may still move a mount.)"""
+    (open_chain_jobs()'s rows): the last long mount planned on each chain, when none of it is
+    sent or tried, and only when all its tape's open jobs are such ends. (The outlook's
+    estimates read the same set: where the loop may still move a mount.)"""
     row_of = {row[0]: row for row in open_jobs}
     followed = {row[3] for row in open_jobs}
     ends = set()
