@@ -77,7 +77,7 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
 
 def _merge_into_pending(pieces, tapes, files_per_job, drives):
     """New files of a tape whose mount is planned but not sent yet go into that job, the
-    union in read order: one pass along the tape, not a second job read after the first
+    union in the order its stager reads (MountPlanner.order): one pass along the tape, not a second job read after the first
     (files of one tape requested over a few cycles, as an analysis's requests trickle in, would
     otherwise be read in two or three passes of the same mount). Only while the union is at
     most N files; beyond, the new files make a job of their own that is sent with it. Returns
@@ -132,7 +132,8 @@ def _within(chosen, byte_budget):
 
 
 def _make_jobs(chosen, claimed, tapes, *, now, control, drives=None):
-    """Tapes in the order the policies chose them; each tape's files in read order, at most
+    """Tapes in the order the policies chose them; each tape's files in read order (position
+    order behind a stager that hides its drives: MountPlanner.lay_out), at most
     N (control.files_per_job) distinct files per job. With `drives`, each tape's work is a piece of a
     drive's chain (MountPlanner); a piece longer than N files is several jobs sent together.
     All jobs in one INSERT, all claims in one UPDATE, the chains' links in one more."""

@@ -306,9 +306,10 @@ class MountPlanner:
         mounts before it keep their turns. A tape is taken back only when all its open jobs
         are such chain ends (a cut tape whose other piece is on a drive or further up a chain
         stays as planned: its pieces must not overlap). Their files join `ordered` (merged in
-        read order with this cycle's new files of the same tape); jobs that followed them now
-        follow what they followed. Returns the tapes taken back, in the order they were
-        planned; `self.taken_back` holds their jobs. Bounded by the drives."""
+        the order the stager reads, `order`, with this cycle's new files of the same tape);
+        jobs that followed them now follow what they followed. Returns the tapes taken back,
+        in the order they were planned; `self.taken_back` holds their jobs. Bounded by the
+        drives."""
         open_jobs = open_chain_jobs()
         row_of = {row[0]: row for row in open_jobs}
         back = chain_ends(open_jobs)

@@ -297,7 +297,8 @@ def _movable(jobs, drive_free, drive_of):
     drives, and may then start as soon as the first drive frees of all but such mounts
     (storm: its production stops while its last tapes wait behind two mounts each, and the
     drives that free first take some of them half an hour before their chains would have).
-    Each tape's jobs move together. Empty once the final round is laid out."""
+    Each tape's jobs move together, and only among the drives of its technology (the
+    layout is one per technology). Empty once the final round is laid out."""
     if not jobs or last_of_backlog():
         return {}
     rows = open_chain_jobs()
@@ -310,11 +311,20 @@ def _movable(jobs, drive_free, drive_of):
     for job, drive in drive_of.items():
         if job not in moved:
             frees[drive] = max(frees[drive], jobs[job].end)
-    earliest = min(frees.values(), default=0.0)
+    earliest = {}  # technology ("": the drives of any) -> when its first drive is free
+    for drive, at in frees.items():
+        group = drive.rsplit("/", 1)[0]
+        earliest[group] = min(earliest.get(group, math.inf), at)
     first = {}
     for job, tape in ends:
         first[tape] = min(first.get(tape, math.inf), jobs[job].start)
-    return {job: max(0.0, first[tape] - max(0.0, earliest)) for job, tape in ends}
+    shift = {}
+    for job, tape in ends:
+        media = jobs[job].media
+        group = media if media in earliest else ("" if "" in earliest else None)
+        if group is not None:
+            shift[job] = max(0.0, first[tape] - max(0.0, earliest[group]))
+    return shift
 
 
 # A queued tape's mount from its counters (files and bytes; their places are not read): the
