@@ -541,9 +541,9 @@ nice -n 10 .venv/bin/python manage.py simulate tests/workloads/WORKLOAD --report
 Measured 2026-11-29 23:57-2026-11-30 00:40 UTC on cfe5669's code: the command above for
 bnl-704, bnl-large and the three pic-lto4; overlap, groups and storm through the same replay
 (`replay.replay_broker` and its recorder, as `simulate` runs them) from a scratch script that
-also wrote each file's ranges, for the figures below. The commits after it (7296e22, 64df6c4)
-change only what the broker does behind a stager that hides its drives, which these replays
-never are. Simulated figures, not timing. Before: the earlier table (841a91d's code,
+also wrote each file's ranges, for the figures below. The commits after it change only what
+the broker does behind a stager that hides its drives (7296e22, 64df6c4) and the estimates on a
+library with drives of two technologies (b8fac80), which these replays never are. Simulated figures, not timing. Before: the earlier table (841a91d's code,
 2026-11-29 22:36-23:05).
 
 | workload | coverage planned | coverage located | width ratio | goals met | before (planned / located / width) | makespan (s) |
