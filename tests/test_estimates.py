@@ -3,6 +3,8 @@
 from datetime import timedelta
 from pathlib import Path
 
+from django.db.models import F
+
 import pytest
 
 from carousel.domain import selectors
@@ -175,6 +177,36 @@ def test_a_chains_last_mount_moves_only_among_the_drives_of_its_technology(alice
     located(bob, {"/b/waits": ("TB", 10**9)}, now)
     low, high = outlooks(alice, now)["/t2/a"].eta
     assert low > 0.85 * 3600 and high > 3600 + 1800, (low, high)
+
+
+def test_while_requests_still_arrive_for_the_mount_ahead_the_latest_end_allows_for_as_many_again(alice, now):
+    """T1's mount (3,600 s by the model, its files requested over the last ten minutes, the
+    last 10 s ago) will take the files that go on arriving for T1 until it is done, and T2
+    (1,800 s, planned after it) waits for them: its latest end allows for T1 taking about as
+    many files again. Arrivals that stopped for longer than they went on add nothing."""
+    drives(n=1, speedup=1)
+    paths = {f"/t1/{i}": ("T1", 10**9) for i in range(10)}
+    for i, path in enumerate(paths):
+        located(alice, {path: paths[path]}, now - timedelta(seconds=550 - 60 * i))
+    located(alice, {"/t2/a": ("T2", 10**9)}, now)
+    t1, t2 = Tape.objects.get(label="T1"), Tape.objects.get(label="T2")
+    first = Job.objects.create(created_at=now, tape=t1, state="sent", chain="LTO-7/0", estimate_s=3600, files=10,
+                               sent_at=now)
+    second = Job.objects.create(created_at=now, tape=t2, chain="LTO-7/0", after=first, estimate_s=1800, files=1)
+    RestoreRequest.objects.filter(path__startswith="/t1/").update(state="submitted", job=first, submitted_at=now)
+    RestoreRequest.objects.filter(path="/t2/a").update(state="submitted", job=second, submitted_at=now)
+    got = outlooks(alice, now)["/t2/a"]
+    low, high = got.eta
+    body = 3600 - sum(estimates.mount_lead_tail_s("LTO-7"))
+    assert low < 0.85 * (3600 + 1800) and high > 1.15 * (3600 + 0.9 * body + 1800), (low, high)
+    assert estimates.ARRIVING in got.reasons
+    growing = outlooks(alice, now)["/t1/0"]
+    assert estimates.ARRIVING in growing.reasons
+    # Ten minutes of arrivals, then twenty of silence: they stopped.
+    RestoreRequest.objects.filter(path__startswith="/t1/").update(created_at=F("created_at") - timedelta(seconds=1800))
+    got = outlooks(alice, now)["/t2/a"]
+    assert got.eta[1] < 1.15 * (3600 + 1800) + 150 + 60 + 1 and estimates.ARRIVING not in got.reasons, got
+    assert outlooks(alice, now)["/t1/0"].eta[1] < growing.eta[1]
 
 
 def test_a_sent_job_whose_tape_is_in_no_drive_waits_for_a_drive(alice, now):

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import Group
 from django.db import connection
-from django.db.models import Count, F, Min, Q, Sum
+from django.db.models import Count, F, Max, Min, Q, Sum
 
 from carousel.domain.paths import delivery_target
 from carousel.domain.selectors.summary import jobs_limit
@@ -63,7 +63,9 @@ S = RequestState
 # by position among the tape's queued files) between the mount's lead and tail. A planned
 # file's range reaches earlier when its mount is one the loop may still move: while more work
 # waits, the last long mount on each chain is laid out again for the final round once the
-# queue runs dry, and may then start when the first drive frees (_movable). Times are
+# queue runs dry, and may then start when the first drive frees (_movable). A planned or sent
+# file's range reaches later while requests still arrive for its tape or the ones before it
+# on its drive: the mounts take them, and the latest end allows for as many again (_growth). Times are
 # divided by the library's speed-up (a simulated library running N times faster than life:
 # its status() gives `speedup`) and widened by margins measured on the replays
 # (docs/benchmarks.md: estimate_coverage_*), plus a cycle: the loop sees a file done at its
@@ -203,9 +205,17 @@ class Projection:
     # job id -> how much earlier (library seconds) it may start: a chain's last long mount,
     # while more work waits, may yet be laid out again for the final round (_movable)
     movable: dict = field(default_factory=dict)
+    # job id -> Mount of its part of the mount had the tapes' requests gone on arriving
+    # (_growth), for the jobs that makes later: the latest ends of their files' ranges
+    grown: dict = field(default_factory=dict)
 
     def wall(self, seconds):
         return seconds / self.speedup
+
+    def latest(self, job_id):
+        """The job's Mount as the latest ends read it: grown, when arrivals may still grow the
+        mounts up to and including its own."""
+        return self.grown.get(job_id) or self.jobs[job_id]
 
 
 def _media(name):
@@ -220,8 +230,13 @@ def project(*, now, control=None, health=None):
     if planner is None:
         return None
     speedup = library_speedup(health)
-    jobs, chains, drive_free, drive_of = _project_jobs(planner, health.status or {}, planner.exchange_s)
+    rows, requests = _open_jobs()
+    jobs, chains, drive_free, drive_of = _project_jobs(planner, health.status or {}, rows, requests)
     movable = _movable(jobs, drive_free, drive_of)
+    growth = _growth(now, rows, requests, jobs, speedup)
+    grown = _project_jobs(planner, health.status or {}, rows, requests, growth=growth)[0] if growth else {}
+    # Only the jobs it makes later: the others' ranges (and reasons) stay as they are.
+    grown = {job: m for job, m in grown.items() if job in jobs and m.end > jobs[job].end + 1e-6}
     free = {}
     for name, at in drive_free.items():
         free.setdefault(name.rsplit("/", 1)[0], []).append((max(0.0, at), name))
@@ -286,7 +301,39 @@ def project(*, now, control=None, health=None):
         if queues[user]:
             heapq.heappush(heap, tag(user))
     return Projection(now=now, speedup=speedup, exchange_s=planner.exchange_s, jobs=jobs, chains=chains, runs=runs,
-                      tape_files=tape_files, turns=turns, end_s=end_s, capped=capped, movable=movable)
+                      tape_files=tape_files, turns=turns, end_s=end_s, capped=capped, movable=movable,
+                      grown=grown)
+
+
+def _growth(now, rows, requests, jobs, speedup):
+    """{tape id: the part its open jobs' files may still grow by before its mount ends} for
+    the tapes whose requests are still arriving. A planned or sent mount takes the files that
+    arrive for its tape until it has read past them (claiming: they join the tape's job), and
+    every mount after it on its drive waits for them (overlap: 874 requests known 10 s into a
+    30 s burst, the mounts twice as long as planned by the end). What is still to come is not
+    known; the latest end assumes the arrivals go on at their rate (the requests of the
+    tape's open jobs over the time from their first arrival to their last) for as long again
+    as they have gone on (of a process seen only this far, what is left is as likely to be
+    longer as shorter: the Copernican, or Lindy, argument), less the silence since the last
+    one, and no longer than until the mount ends: at most as many again. One submission (its
+    files arrive at one moment), or arrivals that stopped for longer than they went on, add
+    nothing. `rows` and `requests`: _open_jobs()."""
+    seen = {}  # tape id -> [first arrival, last arrival, when its last job ends]
+    for row in rows:
+        job, tape = row[0], row[7]
+        if tape is None or job not in requests or job not in jobs:
+            continue
+        _, first, last = requests[job]
+        mine = seen.setdefault(tape, [first, last, 0.0])
+        mine[0], mine[1], mine[2] = min(mine[0], first), max(mine[1], last), max(mine[2], jobs[job].end)
+    growth = {}
+    for tape, (first, last, end) in seen.items():
+        went_on = (last - first).total_seconds()
+        silence = (now - last).total_seconds()
+        still = min(went_on - silence, end / speedup)
+        if went_on > 0 and still > 0:
+            growth[tape] = still / went_on
+    return growth
 
 
 def _movable(jobs, drive_free, drive_of):
@@ -392,9 +439,25 @@ class _Open:
         self.tape, self.media, self.drive, self.created, self.end = tape, media, drive, created, end
 
 
-def _project_jobs(planner, status, exchange_s):
+def _open_jobs():
+    """The open jobs (pending and sent: bounded by the window, N x K) as _project_jobs reads
+    them, and {job id: (its files not done, the first and the last arrival of its requests not
+    done)}: one query each."""
+    rows = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT))
+                .order_by(F("sent_at").asc(nulls_last=True), "created_at", "rank")
+                .values_list("id", "chain", "state", "after_id", "estimate_s", "files", "created_at", "tape_id",
+                             "tape__label", "tape__media"))
+    requests = {job: rest for job, *rest in RestoreRequest.objects.filter(
+        job_id__in=[r[0] for r in rows], state__in=IN_FLIGHT_STATES).order_by().values_list("job_id")
+        .annotate(left=Count("path_key", distinct=True), first=Min("created_at"), last=Max("created_at"))} \
+        if rows else {}
+    return rows, requests
+
+
+def _project_jobs(planner, status, rows, requests, growth=None):
     """({job id: Mount of its part of its mount}, {chain: [job id] in the projection's order},
-    {drive: when it frees}, {job id: the drive that reads it}) for the open jobs (bounded by the window, N x K), in library
+    {drive: when it frees}, {job id: the drive that reads it}) for the open jobs (`rows` and
+    `requests`: _open_jobs()), in library
     seconds from now, laid out as the library runs them (carousel/sim/library.py): a job for a
     tape in a drive joins that drive's work, after what it has; any other waits in the
     library's queue, and a drive that frees takes the oldest there (with every queued job of
@@ -403,15 +466,11 @@ def _project_jobs(planner, status, exchange_s):
     queue since it was sent; a pending one is sent once the job it follows is done. A mount on
     a drive has left what its unfinished files take (each job's estimate times the part of its
     files not done). The chains are the plan's: they only order what "ahead of it on that
-    drive" lists; a drive is whichever frees first, as in a library."""
-    rows = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT))
-                .order_by(F("sent_at").asc(nulls_last=True), "created_at", "rank")
-                .values_list("id", "chain", "state", "after_id", "estimate_s", "files", "created_at", "tape_id",
-                             "tape__label", "tape__media"))
-    sent = [r[0] for r in rows if r[2] == JobState.SENT]
-    left = dict(RestoreRequest.objects.filter(job_id__in=sent, state__in=IN_FLIGHT_STATES).order_by()
-                .values_list("job_id").annotate(n=Count("path_key", distinct=True)).values_list("job_id", "n")) \
-        if sent else {}
+    drive" lists; a drive is whichever frees first, as in a library. `growth` ({tape id:
+    part}, _growth): each job of such a tape reads that part more, besides its lead and tail."""
+    growth = growth or {}
+    exchange_s = planner.exchange_s
+    left = {job: counts[0] for job, counts in requests.items()}
     pools = {media: [f"{media}/{i}" for i in range(n)] for media, n in planner.drives.items()}
     free = {name: 0.0 for names in pools.values() for name in names}
     taken = set()  # drives holding a mount now
@@ -440,7 +499,7 @@ def _project_jobs(planner, status, exchange_s):
             lead = tail = 0.0
         done = estimate * (1.0 - left.get(job, 0) / files) if state == JobState.SENT and files else 0.0
         start = at - min(done, estimate)
-        end = start + estimate
+        end = start + estimate + max(0.0, estimate - lead - tail) * growth.get(tape, 0.0)
         jobs[job] = Mount(label or "", start, end, media or "", chain, lead=min(lead, estimate),
                           tail=min(tail, max(0.0, estimate - lead)))
         mount.end = max(end, at)
@@ -782,11 +841,13 @@ def request_outlooks(requests, *, user, ctx):
             if proj is not None and r.job_id in proj.jobs:
                 mount = proj.jobs[r.job_id]
                 t = _file_time(mount, r.job_rank, job_files)
-                eta = _range(proj, t, "planned", cycle_s)
+                eta = _latest(proj, r, job_files, _range(proj, t, "planned", cycle_s), "planned", cycle_s)
                 if proj.movable.get(r.job_id):
                     eta = (_range(proj, t - proj.movable[r.job_id], "planned", cycle_s)[0], eta[1])
                     sooner = ("it may go sooner, on the drive that frees first, when the last of the queue "
                               "is planned (the final round is laid out again then)",)
+                if r.job_id in proj.grown:
+                    sooner += (ARRIVING,)
                 ahead_of_it = _mounts_ahead(proj, chain, r.job_id)
             elif at_stager:
                 eta = (0.0, None)
@@ -797,11 +858,13 @@ def request_outlooks(requests, *, user, ctx):
             doing = "being read from tape" if r.state == S.STAGING else "at the stager, waiting for tape"
             if proj is not None and r.job_id in proj.jobs:
                 mount = proj.jobs[r.job_id]
-                eta = _range(proj, _file_time(mount, r.job_rank, job_files), "sent", cycle_s)
+                eta = _latest(proj, r, job_files, _range(proj, _file_time(mount, r.job_rank, job_files), "sent", cycle_s),
+                              "sent", cycle_s)
             else:
                 eta = at_stager and (0.0, at_stager[1])
+            arriving = (ARRIVING,) if proj is not None and r.job_id in proj.grown else ()
             out[r.id] = Outlook(own_ahead=0, ahead=0, eta=eta,
-                                reasons=(f"{doing} {r.tape.label if r.tape_id else ''}".strip(),))
+                                reasons=(f"{doing} {r.tape.label if r.tape_id else ''}".strip(), *arriving))
         elif r.state == S.RETRY:
             wait = max(0.0, (r.retry_at - now).total_seconds())
             # Back in the queue at its retry time, behind what is projected by then at worst.
@@ -815,6 +878,18 @@ def request_outlooks(requests, *, user, ctx):
         else:
             out[r.id] = Outlook()
     return out
+
+
+ARRIVING = ("requests are still arriving for the tapes on its drive: the latest time allows for its mount "
+            "and the ones before it to take as many more again as arrived so far")
+
+
+def _latest(proj, r, job_files, eta, step, cycle_s):
+    """`eta` with its latest end from the grown layout (Projection.grown) when there is one."""
+    if r.job_id not in proj.grown:
+        return eta
+    t = _file_time(proj.latest(r.job_id), r.job_rank, job_files)
+    return eta[0], max(eta[1], _range(proj, t, step, cycle_s)[1])
 
 
 # Ranks are counted in slices: one aggregate column per request.
