@@ -209,6 +209,32 @@ def test_while_requests_still_arrive_for_the_mount_ahead_the_latest_end_allows_f
     assert outlooks(alice, now)["/t1/0"].eta[1] < growing.eta[1]
 
 
+def test_requests_that_join_files_already_in_the_mount_do_not_grow_it(alice, bob, now):
+    """alice's ten files of T1 arrived at one moment; bob asks for the same files over the
+    next ten minutes, and his requests join alice's job: nothing more to read, so T2's range
+    stays as it was. A file of T1 bob adds (new to the job) counts."""
+    drives(n=1, speedup=1)
+    paths = {f"/t1/{i}": ("T1", 10**9) for i in range(10)}
+    located(alice, paths, now - timedelta(seconds=700))
+    located(alice, {"/t2/a": ("T2", 10**9)}, now)
+    t1, t2 = Tape.objects.get(label="T1"), Tape.objects.get(label="T2")
+    first = Job.objects.create(created_at=now, tape=t1, state="sent", chain="LTO-7/0", estimate_s=3600, files=10,
+                               sent_at=now)
+    second = Job.objects.create(created_at=now, tape=t2, chain="LTO-7/0", after=first, estimate_s=1800, files=1)
+    RestoreRequest.objects.filter(path__startswith="/t1/").update(state="submitted", job=first, submitted_at=now)
+    RestoreRequest.objects.filter(path="/t2/a").update(state="submitted", job=second, submitted_at=now)
+    before = outlooks(alice, now)["/t2/a"].eta
+    for i, path in enumerate(paths):
+        restore_submit(user=bob, now=now - timedelta(seconds=600 - 60 * i), paths=[path])
+    assert RestoreRequest.objects.filter(user=bob, job=first).count() == 10  # they joined
+    got = outlooks(alice, now)["/t2/a"]
+    assert got.eta == before and estimates.ARRIVING not in got.reasons, (before, got)
+    # A new file of T1's, 10 s ago, in the same job: the files arrived over 690 s and go on.
+    restore_submit(user=bob, now=now - timedelta(seconds=10), paths=["/t1/new"])
+    RestoreRequest.objects.filter(path="/t1/new").update(state="submitted", job=first, submitted_at=now, tape=t1)
+    assert outlooks(alice, now)["/t2/a"].eta[1] > before[1] + 0.9 * 3000
+
+
 def test_a_sent_job_whose_tape_is_in_no_drive_waits_for_a_drive(alice, now):
     """The stager's status names the tapes in its drives: a job sent ten minutes ago for
     another tape waits in the library's queue until the mount on the only drive is done."""

@@ -235,8 +235,9 @@ def project(*, now, control=None, health=None):
     movable = _movable(jobs, drive_free, drive_of)
     growth = _growth(now, rows, requests, jobs, speedup)
     grown = _project_jobs(planner, health.status or {}, rows, requests, growth=growth)[0] if growth else {}
-    # Only the jobs it makes later: the others' ranges (and reasons) stay as they are.
-    grown = {job: m for job, m in grown.items() if job in jobs and m.end > jobs[job].end + 1e-6}
+    # Only the jobs it makes later by a minute or more (the pages show minutes): the others'
+    # ranges and reasons stay as they are.
+    grown = {job: m for job, m in grown.items() if job in jobs and m.end - jobs[job].end >= GROWN_SHOWN_S * speedup}
     free = {}
     for name, at in drive_free.items():
         free.setdefault(name.rsplit("/", 1)[0], []).append((max(0.0, at), name))
@@ -309,11 +310,11 @@ def _growth(now, rows, requests, jobs, speedup):
     """{tape id: the part its open jobs' files may still grow by before its mount ends} for
     the tapes whose requests are still arriving. A planned or sent mount takes the files that
     arrive for its tape until it has read past them (claiming: they join the tape's job), and
-    every mount after it on its drive waits for them (overlap: 874 requests known 10 s into a
-    30 s burst, the mounts twice as long as planned by the end). What is still to come is not
-    known; the latest end assumes the arrivals go on at their rate (the requests of the
-    tape's open jobs over the time from their first arrival to their last) for as long again
-    as they have gone on (of a process seen only this far, what is left is as likely to be
+    every mount after it on its drive waits for them (overlap: about 900 of 3,000 requests
+    known 10 s into a 30 s burst, the mounts twice as long as planned by the end). What is
+    still to come is not known; the latest end assumes the arrivals go on at their rate (the
+    files not read yet of the tape's open jobs, over the time from the first's arrival to the
+    last's) for as long again as they have gone on (of a process seen only this far, what is left is as likely to be
     longer as shorter: the Copernican, or Lindy, argument), less the silence since the last
     one, and no longer than until the mount ends: at most as many again. One submission (its
     files arrive at one moment), or arrivals that stopped for longer than they went on, add
@@ -441,16 +442,25 @@ class _Open:
 
 def _open_jobs():
     """The open jobs (pending and sent: bounded by the window, N x K) as _project_jobs reads
-    them, and {job id: (its files not done, the first and the last arrival of its requests not
-    done)}: one query each."""
+    them, and {job id: [its files not done, the first and the last arrival of one]}. A file's
+    arrival is its first request's: another user's request for a file the job already reads
+    joins it (intake.queue_new) and adds nothing to read. One query each, the second one row
+    per file of the window."""
     rows = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT))
                 .order_by(F("sent_at").asc(nulls_last=True), "created_at", "rank")
                 .values_list("id", "chain", "state", "after_id", "estimate_s", "files", "created_at", "tape_id",
                              "tape__label", "tape__media"))
-    requests = {job: rest for job, *rest in RestoreRequest.objects.filter(
-        job_id__in=[r[0] for r in rows], state__in=IN_FLIGHT_STATES).order_by().values_list("job_id")
-        .annotate(left=Count("path_key", distinct=True), first=Min("created_at"), last=Max("created_at"))} \
-        if rows else {}
+    requests = {}
+    if rows:
+        for job, at in (RestoreRequest.objects.filter(job_id__in=[r[0] for r in rows], state__in=IN_FLIGHT_STATES)
+                        .order_by().values_list("job_id", "path_key").annotate(at=Min("created_at"))
+                        .values_list("job_id", "at")):
+            mine = requests.get(job)
+            if mine is None:
+                requests[job] = [1, at, at]
+            else:
+                mine[0] += 1
+                mine[1], mine[2] = min(mine[1], at), max(mine[2], at)
     return rows, requests
 
 
@@ -499,7 +509,9 @@ def _project_jobs(planner, status, rows, requests, growth=None):
             lead = tail = 0.0
         done = estimate * (1.0 - left.get(job, 0) / files) if state == JobState.SENT and files else 0.0
         start = at - min(done, estimate)
-        end = start + estimate + max(0.0, estimate - lead - tail) * growth.get(tape, 0.0)
+        # What arrives grows the part not read yet (the files the rate was taken over).
+        unread = min(1.0, left.get(job, 0) / files) if files else 1.0
+        end = start + estimate + max(0.0, estimate - lead - tail) * unread * growth.get(tape, 0.0)
         jobs[job] = Mount(label or "", start, end, media or "", chain, lead=min(lead, estimate),
                           tail=min(tail, max(0.0, estimate - lead)))
         mount.end = max(end, at)
@@ -880,8 +892,10 @@ def request_outlooks(requests, *, user, ctx):
     return out
 
 
-ARRIVING = ("requests are still arriving for the tapes on its drive: the latest time allows for its mount "
-            "and the ones before it to take as many more again as arrived so far")
+ARRIVING = ("requests are still arriving for its tape or the ones read before it: the latest time allows for "
+            "those mounts to take more files while they do")
+# A grown mount shows when it moves a latest time by this much (wall seconds: the pages show minutes).
+GROWN_SHOWN_S = 60.0
 
 
 def _latest(proj, r, job_files, eta, step, cycle_s):
