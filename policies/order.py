@@ -41,19 +41,23 @@ class Run(NamedTuple):
     keys: list
 
 
+def _by_offset(files):
+    """The (key, offset, size) files in ascending offset, a size of None counted as 0."""
+    return sorted(((key, offset, size or 0) for key, offset, size in files), key=lambda file: (file[1], file[2]))
+
+
 def position_order(files):
     """Keys of the (key, offset, size) files of one tape in ascending offset: the order a tape
     system that schedules its own recalls reads a request in (dCache's and CTA's recalls,
     HPSS's ordered recall, the hsm-fifo model), whatever order they were sent in."""
-    return [key for key, _, _ in sorted(((key, offset, size or 0) for key, offset, size in files),
-                                        key=lambda file: (file[1], file[2]))]
+    return [key for key, _, _ in _by_offset(files)]
 
 
 def read_order(media, files):
     """Keys of the (key, offset, size) files of one tape, in the order to read them. Unknown
-    media, "" or None: ascending offset. A size of None (not known yet) counts as 0."""
-    by_offset = sorted(((key, offset, size or 0) for key, offset, size in files),
-                       key=lambda file: (file[1], file[2]))
+    media, "" or None: ascending offset (position_order). A size of None (not known yet)
+    counts as 0."""
+    by_offset = _by_offset(files)
     media = MEDIA.get(media) if isinstance(media, str) else media
     if not isinstance(media, Media) or len(by_offset) < 2:
         return [key for key, _, _ in by_offset]
