@@ -538,11 +538,13 @@ done. Goals: `estimate_coverage_planned` â‰¥ 0.90, `estimate_coverage_located` â
 nice -n 10 .venv/bin/python manage.py simulate tests/workloads/WORKLOAD --report WORKLOAD.json
 ```
 
-Measured 2026-11-30 02:59-03:24 UTC on a6d290d's code: the command above for bnl-704,
-bnl-large, overlap and the three pic-lto4; groups and storm (and overlap again) through the same
-replay (`replay.replay_broker` and its recorder, as `simulate` runs them) from a scratch script
-that also wrote each file's ranges. Simulated figures, not timing. Before: the earlier table
-(cfe5669's code, 2026-11-29 23:57-2026-11-30 00:40).
+Measured 2026-11-30 03:35-04:03 UTC on 2cfb5bf's code: the command above for bnl-704,
+bnl-large and the three pic-lto4; overlap, groups and storm through the same replay
+(`replay.replay_broker` and its recorder, as `simulate` runs them) from a scratch script that
+also wrote each file's ranges. Simulated figures, not timing. Before: the earlier table
+(cfe5669's code, 2026-11-29 23:57-2026-11-30 00:40). a6d290d (before 2cfb5bf counted a request
+that joins a file already in a job as an arrival) gave the same but for overlap: 0.99 / 0.99 /
+1.07.
 
 | workload | coverage planned | coverage located | width ratio | goals met | before (planned / located / width) | makespan (s) |
 | --- | ---: | ---: | ---: | --- | --- | ---: |
@@ -551,41 +553,36 @@ that also wrote each file's ranges. Simulated figures, not timing. Before: the e
 | pic-lto4-full | 1.00 | 1.00 | 0.35 | **met** | 1.00 / 1.00 / 0.35 | 10,757 |
 | pic-lto4-alternate | 1.00 | 1.00 | 0.36 | **met** | 1.00 / 1.00 / 0.36 | 8,647 |
 | pic-lto4-far | 1.00 | 1.00 | 0.48 | **met** | 1.00 / 1.00 / 0.48 | 2,819 |
-| overlap | 0.99 | 0.99 | 1.07 | not met (width) | 0.75 / 0.75 / 0.32 | 8,531 |
+| overlap | 0.99 | 0.99 | 1.00 | not met (width) | 0.75 / 0.75 / 0.32 | 8,531 |
 | groups | 1.00 | 0.89 | 0.45 | **met** | 1.00 / 0.89 / 0.45 | 37,353 |
 | storm | 0.92 | 0.94 | 0.42 | **met** | 0.92 / 0.94 / 0.42 | 54,102 |
 
-What changed: a6d290d, `outlook.estimates._growth`. Files that arrive for a tape whose mount
+What changed: a6d290d and 2cfb5bf, `outlook.estimates._growth`. Files that arrive for a tape whose mount
 is planned or on a drive join that mount, and every mount after it on its drive waits for them.
 overlap's twelve analysts send 3,000 requests over its first 30 s; 10 s in, about 900 had arrived,
 and each tape's mount grew by the end to about twice what was planned then: its files first
 seen at 10 s finished at a median 1.41 times their range's end (206 of 897 inside). Now, while
 a tape's requests are still arriving, the latest end of a planned or sent file's range allows
-for its mount and the ones before it on its drive to take as many requests again (the
-arrivals going on at their rate for as long again as they have gone on, less the silence since
-the last, at most until the mount ends: of a process seen only this far, the rest is as likely
-to be longer as shorter), and a reason says so. No constant is fitted: one submission (all its
+for its mount and the ones before it on its drive to take more files (new files arriving at
+their rate for as long again as they have gone on, less the silence since the last, at most
+until the mount ends: of a process seen only this far, the rest is as likely to be longer as
+shorter; a request that joins a file already in the job is not a new file), and a reason says
+so. No constant is fitted: one submission (all its
 files at one moment) and arrivals that stopped for longer than they went on add nothing, so
 bnl-704, bnl-large, the three pic-lto4, groups and storm score as before, to the last digit,
-and no makespan moves (the estimates change nothing the loop does). On overlap, 871 of the 897
-files first seen at 10 s are now inside, and all but 6 + 26 of the 3,000. The price is the
+and no makespan moves (the estimates change nothing the loop does). On overlap, 868 of the 897
+files first seen at 10 s are now inside, and all but 35 of the 3,000. The price is the
 width: the files first seen at 20 s and 30 s (the burst nearly or just over, which the rate
-cannot tell) are shown ranges that reach about twice their wait (median latest end 2.03 and
-2.10 times the time they were done), and the median range is 1.07 times the median wait.
+cannot tell) are shown ranges that reach about twice their wait (median latest end 2.00 and
+1.89 times the time they were done), and the median range is as long as the median wait.
 Tried on the same replay and not kept: the same allowance weighted by the chance that
 arrivals at their rate leave the silence since the last one (exp(-rate x silence)): 0.87 /
-0.87 / 0.53, neither goal met. No rule from the arrivals alone tells, 10 s into a burst, that
-it has 20 s to go, and 20 s in that it has 10.
+0.87 / 0.53, the planned and width goals not met. No rule from the arrivals alone tells, 10 s
+into a burst, that it has 20 s to go, and 20 s in that it has 10.
 
-What is left. overlap's width (above). storm's
-1,456 late files: 835 on the first tapes, planned at 0-40 s and then cut by the analysts'
-short mounts in the first hour (no short mount had been asked for when their ranges were
-shown), and 603 of the final round, whose taken-back jobs are merged in read order (one pass
-along each tape) so that a half planned first is read across the whole pass. storm itself:
-145 mounts for 130 tapes, all 30 analysts within 1,800 s (the longest wait 974 s), at most 5
-mounts of one tape in 24 h; 2949e73 (a short mount cuts the long one with least left) did not
-bring that down, and it made the longest analyst's wait 974 s instead of 694 s on 3dc24da's
-replay.
+What is left: overlap's width. storm's 1,456 late files (835 on the first tapes, cut by the
+analysts' short mounts in the first hour; 603 of the final round, whose taken-back jobs are
+merged in read order): see `git log -p docs/benchmarks.md` for 77cb692's analysis.
 """
 
 DEFAULTS = """
