@@ -188,25 +188,27 @@ def test_while_requests_still_arrive_for_the_mount_ahead_the_latest_end_allows_f
     paths = {f"/t1/{i}": ("T1", 10**9) for i in range(10)}
     for i, path in enumerate(paths):
         located(alice, {path: paths[path]}, now - timedelta(seconds=550 - 60 * i))
-    located(alice, {"/t2/a": ("T2", 10**9)}, now)
+    located(alice, {"/t2/a": ("T2", 10**9), "/t3/a": ("T3", 10**9)}, now)
     t1, t2 = Tape.objects.get(label="T1"), Tape.objects.get(label="T2")
     first = Job.objects.create(created_at=now, tape=t1, state="sent", chain="LTO-7/0", estimate_s=3600, files=10,
                                sent_at=now)
     second = Job.objects.create(created_at=now, tape=t2, chain="LTO-7/0", after=first, estimate_s=1800, files=1)
     RestoreRequest.objects.filter(path__startswith="/t1/").update(state="submitted", job=first, submitted_at=now)
     RestoreRequest.objects.filter(path="/t2/a").update(state="submitted", job=second, submitted_at=now)
-    got = outlooks(alice, now)["/t2/a"]
-    low, high = got.eta
+    got = outlooks(alice, now)
+    low, high = got["/t2/a"].eta
     body = 3600 - sum(estimates.mount_lead_tail_s("LTO-7"))
     assert low < 0.85 * (3600 + 1800) and high > 1.15 * (3600 + 0.9 * body + 1800), (low, high)
-    assert estimates.ARRIVING in got.reasons
-    growing = outlooks(alice, now)["/t1/0"]
-    assert estimates.ARRIVING in growing.reasons
+    assert estimates.ARRIVING in got["/t2/a"].reasons and estimates.ARRIVING in got["/t1/0"].reasons
+    # T3 waits in the queue for the same (only) drive, after both.
+    assert estimates.ARRIVING in got["/t3/a"].reasons
     # Ten minutes of arrivals, then twenty of silence: they stopped.
     RestoreRequest.objects.filter(path__startswith="/t1/").update(created_at=F("created_at") - timedelta(seconds=1800))
-    got = outlooks(alice, now)["/t2/a"]
-    assert got.eta[1] < 1.15 * (3600 + 1800) + 150 + 60 + 1 and estimates.ARRIVING not in got.reasons, got
-    assert outlooks(alice, now)["/t1/0"].eta[1] < growing.eta[1]
+    stopped = outlooks(alice, now)
+    assert stopped["/t2/a"].eta[1] < 1.15 * (3600 + 1800) + 150 + 60 + 1, stopped["/t2/a"]
+    assert stopped["/t1/0"].eta[1] < got["/t1/0"].eta[1]
+    assert stopped["/t3/a"].eta[1] < got["/t3/a"].eta[1] - 0.9 * body, (stopped["/t3/a"], got["/t3/a"])
+    assert not any(estimates.ARRIVING in o.reasons for o in stopped.values())
 
 
 def test_requests_that_join_files_already_in_the_mount_do_not_grow_it(alice, bob, now):

@@ -65,7 +65,8 @@ S = RequestState
 # waits, the last long mount on each chain is laid out again for the final round once the
 # queue runs dry, and may then start when the first drive frees (_movable). A planned or sent
 # file's range reaches later while requests still arrive for its tape or the ones before it
-# on its drive: the mounts take them, and the latest end allows for as many again (_growth). Times are
+# on its drive: the mounts take them, and the latest end allows for as many again (_growth);
+# a queued file's too, by as much as its drive's planned and sent mounts may grow. Times are
 # divided by the library's speed-up (a simulated library running N times faster than life:
 # its status() gives `speedup`) and widened by margins measured on the replays
 # (docs/benchmarks.md: estimate_coverage_*), plus a cycle: the loop sees a file done at its
@@ -186,6 +187,9 @@ class Mount:
     chain: str = ""
     lead: float = 0.0  # before its first file is read: the robot, the load, the first locate
     tail: float = 0.0  # after its last: the rewind, the unload, the robot
+    # a queued tape's mount: how much later (library seconds) it may start, its drive's planned
+    # and sent mounts grown by the files still arriving for them (Projection.grown)
+    later: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -234,10 +238,13 @@ def project(*, now, control=None, health=None):
     jobs, chains, drive_free, drive_of = _project_jobs(planner, health.status or {}, rows, requests)
     movable = _movable(jobs, drive_free, drive_of)
     growth = _growth(now, rows, requests, jobs, speedup)
-    grown = _project_jobs(planner, health.status or {}, rows, requests, growth=growth)[0] if growth else {}
+    grown, grown_free = _project_jobs(planner, health.status or {}, rows, requests, growth=growth)[0:3:2] \
+        if growth else ({}, drive_free)
     # Only the jobs it makes later by a minute or more (the pages show minutes): the others'
-    # ranges and reasons stay as they are.
-    grown = {job: m for job, m in grown.items() if job in jobs and m.end - jobs[job].end >= GROWN_SHOWN_S * speedup}
+    # ranges and reasons stay as they are; the same for the queue after each drive's.
+    shown = GROWN_SHOWN_S * speedup
+    grown = {job: m for job, m in grown.items() if job in jobs and m.end - jobs[job].end >= shown}
+    later = {name: grown_free[name] - at for name, at in drive_free.items() if grown_free.get(name, at) - at >= shown}
     free = {}
     for name, at in drive_free.items():
         free.setdefault(name.rsplit("/", 1)[0], []).append((max(0.0, at), name))
@@ -287,12 +294,13 @@ def project(*, now, control=None, health=None):
             media = media_of[tape]
             drives = free.get(media) or free.get("")
             if drives is None:  # no drive of its technology: sent at once, the stager's queue
-                start = 0.0
+                start, name = 0.0, None
             else:
                 start, name = heapq.heappop(drives)
                 heapq.heappush(drives, (start + seconds[tape], name))
             lead, tail = mount_lead_tail_s(_media(media), exchange_s=planner.exchange_s)
-            mounted[tape] = Mount(label[tape], start, start + seconds[tape], media, lead=lead, tail=tail)
+            mounted[tape] = Mount(label[tape], start, start + seconds[tape], media, lead=lead, tail=tail,
+                                  later=later.get(name, 0.0))
             held[user] = held.get(user, 0.0) + seconds[tape]
             end_s = max(end_s, start + seconds[tape])
         runs[(user, tape)] = mounted[tape]
@@ -844,6 +852,9 @@ def request_outlooks(requests, *, user, ctx):
                 reasons.append(f"its tape {r.tape.label} is your turn {mine + 1} and turn {before + 1} of all "
                                f"under the sharing policy {ctx.control.share_policy}: its mount about "
                                f"{_clock(proj, mount.start)}-{_clock(proj, mount.end)}")
+                if mount.later:
+                    eta = (eta[0], _range(proj, t + mount.later, "queued", cycle_s)[1])
+                    reasons.append(ARRIVING)
             else:
                 eta = (_range(proj, proj.end_s, "queued", cycle_s)[0], None)
             out[r.id] = Outlook(own_ahead=own_ahead, ahead=ahead, capped=capped, eta=eta,
