@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import Group
 from django.db import connection
-from django.db.models import Count, F, Max, Min, Q, Sum
+from django.db.models import Count, F, Min, Q, Sum
 
 from carousel.domain.paths import delivery_target
 from carousel.domain.selectors.summary import jobs_limit
@@ -322,11 +322,11 @@ def _growth(now, rows, requests, jobs, speedup):
     known 10 s into a 30 s burst, the mounts twice as long as planned by the end). What is
     still to come is not known; the latest end assumes the arrivals go on at their rate (the
     files not read yet of the tape's open jobs, over the time from the first's arrival to the
-    last's) for as long again as they have gone on (of a process seen only this far, what is left is as likely to be
-    longer as shorter: the Copernican, or Lindy, argument), less the silence since the last
-    one, and no longer than until the mount ends: at most as many again. One submission (its
-    files arrive at one moment), or arrivals that stopped for longer than they went on, add
-    nothing. `rows` and `requests`: _open_jobs()."""
+    last's) for as long again as they have gone on (of a process seen only this far, what is
+    left is as likely to be longer as shorter: the Copernican, or Lindy, argument), less the
+    silence since the last one, and no longer than until the mount ends: at most as many
+    again. One submission (its files arrive at one moment), or arrivals that stopped for longer
+    than they went on, add nothing. `rows` and `requests`: _open_jobs()."""
     seen = {}  # tape id -> [first arrival, last arrival, when its last job ends]
     for row in rows:
         job, tape = row[0], row[7]
@@ -860,23 +860,23 @@ def request_outlooks(requests, *, user, ctx):
             out[r.id] = Outlook(own_ahead=own_ahead, ahead=ahead, capped=capped, eta=eta,
                                 reasons=tuple(reasons) + no_rate)
         elif r.state == S.SUBMITTED and job_state == JobState.PENDING:
-            eta, ahead_of_it, sooner = None, "", ()
+            eta, ahead_of_it, notes = None, "", ()
             if proj is not None and r.job_id in proj.jobs:
                 mount = proj.jobs[r.job_id]
                 t = _file_time(mount, r.job_rank, job_files)
                 eta = _latest(proj, r, job_files, _range(proj, t, "planned", cycle_s), "planned", cycle_s)
                 if proj.movable.get(r.job_id):
                     eta = (_range(proj, t - proj.movable[r.job_id], "planned", cycle_s)[0], eta[1])
-                    sooner = ("it may go sooner, on the drive that frees first, when the last of the queue "
+                    notes = ("it may go sooner, on the drive that frees first, when the last of the queue "
                               "is planned (the final round is laid out again then)",)
                 if r.job_id in proj.grown:
-                    sooner += (ARRIVING,)
+                    notes += (ARRIVING,)
                 ahead_of_it = _mounts_ahead(proj, chain, r.job_id)
             elif at_stager:
                 eta = (0.0, None)
             out[r.id] = Outlook(own_ahead=0, ahead=0, eta=eta, reasons=(
                 f"planned on drive {chain or '?'}: sent to the stager once the mount before it there "
-                f"is done{ahead_of_it}", *sooner))
+                f"is done{ahead_of_it}", *notes))
         elif r.state in IN_FLIGHT_STATES:
             doing = "being read from tape" if r.state == S.STAGING else "at the stager, waiting for tape"
             if proj is not None and r.job_id in proj.jobs:
