@@ -544,7 +544,8 @@ bnl-large and the three pic-lto4; overlap, groups and storm through the same rep
 also wrote each file's ranges. Simulated figures, not timing. Before: the earlier table
 (cfe5669's code, 2026-11-29 23:57-2026-11-30 00:40). a6d290d (before 2cfb5bf counted a request
 that joins a file already in a job as an arrival) gave the same but for overlap: 0.99 / 0.99 /
-1.07.
+1.07. ebf37c3 (a queued file behind such mounts too) gave the same on overlap, groups and storm
+(2026-11-30 04:04-04:37), the others' files arriving at one moment.
 
 | workload | coverage planned | coverage located | width ratio | goals met | before (planned / located / width) | makespan (s) |
 | --- | ---: | ---: | ---: | --- | --- | ---: |
