@@ -179,6 +179,19 @@ def test_a_chains_last_mount_moves_only_among_the_drives_of_its_technology(alice
     assert low > 0.85 * 3600 and high > 3600 + 1800, (low, high)
 
 
+def ten_files_sent_then_one(now):
+    """On drive LTO-7/0: T1's ten located files (/t1/0-9) in a mount sent now (3,600 s by the
+    model), then T2's one (/t2/a, 1,800 s) planned after it. T1's job."""
+    t1, t2 = Tape.objects.get(label="T1"), Tape.objects.get(label="T2")
+    first = Job.objects.create(created_at=now, tape=t1, state="sent", chain="LTO-7/0", estimate_s=3600, files=10,
+                               sent_at=now)
+    second = Job.objects.create(created_at=now, tape=t2, chain="LTO-7/0", after=first, estimate_s=1800, files=1)
+    RestoreRequest.objects.filter(path__in=[f"/t1/{i}" for i in range(10)]).update(state="submitted", job=first,
+                                                                                 submitted_at=now)
+    RestoreRequest.objects.filter(path="/t2/a").update(state="submitted", job=second, submitted_at=now)
+    return first
+
+
 def test_while_requests_still_arrive_for_the_mount_ahead_the_latest_end_allows_for_as_many_again(alice, now):
     """T1's mount (3,600 s by the model, its files requested over the last ten minutes, the
     last 10 s ago) will take the files that go on arriving for T1 until it is done, and T2
@@ -189,12 +202,7 @@ def test_while_requests_still_arrive_for_the_mount_ahead_the_latest_end_allows_f
     for i, path in enumerate(paths):
         located(alice, {path: paths[path]}, now - timedelta(seconds=550 - 60 * i))
     located(alice, {"/t2/a": ("T2", 10**9), "/t3/a": ("T3", 10**9)}, now)
-    t1, t2 = Tape.objects.get(label="T1"), Tape.objects.get(label="T2")
-    first = Job.objects.create(created_at=now, tape=t1, state="sent", chain="LTO-7/0", estimate_s=3600, files=10,
-                               sent_at=now)
-    second = Job.objects.create(created_at=now, tape=t2, chain="LTO-7/0", after=first, estimate_s=1800, files=1)
-    RestoreRequest.objects.filter(path__startswith="/t1/").update(state="submitted", job=first, submitted_at=now)
-    RestoreRequest.objects.filter(path="/t2/a").update(state="submitted", job=second, submitted_at=now)
+    first = ten_files_sent_then_one(now)
     got = outlooks(alice, now)
     low, high = got["/t2/a"].eta
     body = 3600 - sum(estimates.mount_lead_tail_s("LTO-7"))
@@ -219,12 +227,7 @@ def test_requests_that_join_files_already_in_the_mount_do_not_grow_it(alice, bob
     paths = {f"/t1/{i}": ("T1", 10**9) for i in range(10)}
     located(alice, paths, now - timedelta(seconds=700))
     located(alice, {"/t2/a": ("T2", 10**9)}, now)
-    t1, t2 = Tape.objects.get(label="T1"), Tape.objects.get(label="T2")
-    first = Job.objects.create(created_at=now, tape=t1, state="sent", chain="LTO-7/0", estimate_s=3600, files=10,
-                               sent_at=now)
-    second = Job.objects.create(created_at=now, tape=t2, chain="LTO-7/0", after=first, estimate_s=1800, files=1)
-    RestoreRequest.objects.filter(path__startswith="/t1/").update(state="submitted", job=first, submitted_at=now)
-    RestoreRequest.objects.filter(path="/t2/a").update(state="submitted", job=second, submitted_at=now)
+    first = ten_files_sent_then_one(now)
     before = outlooks(alice, now)["/t2/a"].eta
     for i, path in enumerate(paths):
         restore_submit(user=bob, now=now - timedelta(seconds=600 - 60 * i), paths=[path])
@@ -233,7 +236,7 @@ def test_requests_that_join_files_already_in_the_mount_do_not_grow_it(alice, bob
     assert got.eta == before and estimates.ARRIVING not in got.reasons, (before, got)
     # A new file of T1's, 10 s ago, in the same job: the files arrived over 690 s and go on.
     restore_submit(user=bob, now=now - timedelta(seconds=10), paths=["/t1/new"])
-    RestoreRequest.objects.filter(path="/t1/new").update(state="submitted", job=first, submitted_at=now, tape=t1)
+    RestoreRequest.objects.filter(path="/t1/new").update(state="submitted", job=first, submitted_at=now, tape=first.tape)
     assert outlooks(alice, now)["/t2/a"].eta[1] > before[1] + 0.9 * 3000
 
 
