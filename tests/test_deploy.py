@@ -196,6 +196,33 @@ def test_the_embedded_default_is_recognised(tmp_path):
     assert run(DATABASE_URL="postgres://carousel@127.0.0.1:1/carousel") == "False"
 
 
+# Three requests' worth of what Django's handlers do around a view (the signals close the
+# connections that are too old), with a query each; the connections opened.
+REQUESTS_ON_ONE_CONNECTION = """
+import django; django.setup()
+from django.core.signals import request_finished, request_started
+from django.db import connection
+from django.db.backends.signals import connection_created
+opened = []
+connection_created.connect(lambda **kwargs: opened.append(1), weak=False)
+for _ in range(3):
+    request_started.send(sender=None)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    request_finished.send(sender=None)
+print(len(opened))
+"""
+
+
+def test_the_embedded_default_keeps_its_connection_between_requests(tmp_path):
+    """Opening the SQLite file was a fifth of a web worker's CPU under schemathesis (settings.py)."""
+    run = lambda **env: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", REQUESTS_ON_ONE_CONNECTION],
+        env=_clean_env(DJANGO_SETTINGS_MODULE="carousel.settings", CAROUSEL_VAR_DIR=str(tmp_path), **env),
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert run() == "1"
+    assert run(CONN_MAX_AGE="0") == "3"  # as documented: a connection per request
+
 @pytest.mark.parametrize("stager, shown", [("simulated", True), ("hpss", False)])
 def test_every_page_says_when_the_library_is_simulated(settings, client, operator, stager, shown):
     settings.CAROUSEL_STAGER = stager
