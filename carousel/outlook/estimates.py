@@ -63,9 +63,10 @@ S = RequestState
 # by position among the tape's queued files) between the mount's lead and tail. A planned
 # file's range reaches earlier when its mount is one the loop may still move: while more work
 # waits, the last long mount on each chain is laid out again for the final round once the
-# queue runs dry, and may then start when the first drive frees (_movable). A planned or sent
-# file's range reaches later while requests still arrive for its tape or the ones before it
-# on its drive: the mounts take them, and the latest end allows for as many again (_growth);
+# queue runs dry, and may then start when the first drive frees (_movable). A planned file's
+# range reaches later while requests still arrive for its tape (its job takes them) or the
+# ones before it on its drive (their mounts take them), a sent file's for the ones before it
+# (its own files were sent as they were): the latest end allows for as many again (_growth);
 # a queued file's too, by as much as its drive's planned and sent mounts may grow. Times are
 # divided by the library's speed-up (a simulated library running N times faster than life:
 # its status() gives `speedup`) and widened by margins measured on the replays
@@ -316,10 +317,11 @@ def project(*, now, control=None, health=None):
 
 def _growth(now, rows, requests, jobs, speedup):
     """{tape id: the part its open jobs' files may still grow by before its mount ends} for
-    the tapes whose requests are still arriving. A planned or sent mount takes the files that
-    arrive for its tape until it has read past them (claiming: they join the tape's job), and
-    every mount after it on its drive waits for them (overlap: about 900 of 3,000 requests
-    known 10 s into a 30 s burst, the mounts twice as long as planned by the end). What is
+    the tapes whose requests are still arriving. A planned mount takes the files that arrive
+    for its tape (claiming: they join the tape's job), a sent one reads them after its own
+    (a job of their own), and every mount after it on its drive waits for them (overlap:
+    about 900 of 3,000 requests known 10 s into a 30 s burst, the mounts twice as long as
+    planned by the end). What is
     still to come is not known; the latest end assumes the arrivals go on at their rate (the
     files not read yet of the tape's open jobs, over the time from the first's arrival to the
     last's) for as long again as they have gone on (of a process seen only this far, what is
@@ -517,12 +519,17 @@ def _project_jobs(planner, status, rows, requests, growth=None):
             lead = tail = 0.0
         done = estimate * (1.0 - left.get(job, 0) / files) if state == JobState.SENT and files else 0.0
         start = at - min(done, estimate)
-        # What arrives grows the part not read yet (the files the rate was taken over).
+        # What arrives grows the part not read yet (the files the rate was taken over). A
+        # pending job takes the new files into its one pass along the tape (claiming merges
+        # them), so its own files wait for them. A sent job's files went to the stager as they
+        # were: what arrives for its tape is read after them (a job of its own that joins the
+        # mount, or the tape's next mount), so the drive takes longer, not the job.
         unread = min(1.0, left.get(job, 0) / files) if files else 1.0
-        end = start + estimate + max(0.0, estimate - lead - tail) * unread * growth.get(tape, 0.0)
+        extra = max(0.0, estimate - lead - tail) * unread * growth.get(tape, 0.0)
+        end = start + estimate + (0.0 if state == JobState.SENT else extra)
         jobs[job] = Mount(label or "", start, end, media or "", chain, lead=min(lead, estimate),
                           tail=min(tail, max(0.0, estimate - lead)))
-        mount.end = max(end, at)
+        mount.end = max(start + estimate + extra, at)
         if mount.drive is not None:
             free[mount.drive] = mount.end
             drive_of[job] = mount.drive
