@@ -529,25 +529,17 @@ ESTIMATES = """
 
 Each replay of the broker records, per request, the range the pages show
 (`carousel/outlook/estimates.py`, read after each cycle; reading changes nothing the broker
-does: bnl-704's makespan is 2,983.94 s and 34 mounts before and after) when the request is
-first seen located and when it is first planned on a chain, and scores them against when it was
-done. Goals: `estimate_coverage_planned` ≥ 0.90, `estimate_coverage_located` ≥ 0.80,
-`estimate_width_ratio` ≤ 0.5 on every shared workload.
+does) when the request is first seen located and when it is first planned on a chain, and
+scores them against when it was done. Goals: `estimate_coverage_planned` ≥ 0.90,
+`estimate_coverage_located` ≥ 0.80, `estimate_width_ratio` ≤ 0.5 on every shared workload.
 
 ```sh
 nice -n 10 .venv/bin/python manage.py simulate tests/workloads/WORKLOAD --report WORKLOAD.json
 ```
 
-Measured 2026-11-30 03:35-04:03 UTC on 2cfb5bf's code: the command above for bnl-704,
-bnl-large and the three pic-lto4; overlap, groups and storm through the same replay
-(`replay.replay_broker` and its recorder, as `simulate` runs them) from a scratch script that
-also wrote each file's ranges. Simulated figures, not timing. Before: the earlier table
-(cfe5669's code, 2026-11-29 23:57-2026-11-30 00:40). a6d290d (before 2cfb5bf counted a request
-that joins a file already in a job as an arrival) gave the same but for overlap: 0.99 / 0.99 /
-1.07. ebf37c3 (a queued file behind such mounts too) gave the same on overlap, groups and storm
-(2026-11-30 04:04-04:37), the others' files arriving at one moment. 0d55e0c (a sent job's own
-files not grown: what arrives for its tape is read after them) gave the same on all eight
-(2026-11-30 06:10-06:42) but for overlap: 0.987 / 0.987 / 1.00 (three files fewer inside).
+Measured 2026-11-30 06:10-06:42 UTC with the command above on 0d55e0c's code (simulated
+figures, not timing). Before: cfe5669's code, 2026-11-29 23:57-2026-11-30 00:40 (the history:
+`git log -p docs/benchmarks.md`).
 
 | workload | coverage planned | coverage located | width ratio | goals met | before (planned / located / width) | makespan (s) |
 | --- | ---: | ---: | ---: | --- | --- | ---: |
@@ -560,34 +552,29 @@ files not grown: what arrives for its tape is read after them) gave the same on 
 | groups | 1.00 | 0.89 | 0.45 | **met** | 1.00 / 0.89 / 0.45 | 37,353 |
 | storm | 0.92 | 0.94 | 0.42 | **met** | 0.92 / 0.94 / 0.42 | 54,102 |
 
-What changed: a6d290d and 2cfb5bf, `outlook.estimates._growth`. Files that arrive for a tape whose mount
-is planned or on a drive join that mount, and every mount after it on its drive waits for them.
-overlap's twelve analysts send 3,000 requests over its first 30 s; 10 s in, about 900 had arrived,
-and each tape's mount grew by the end to about twice what was planned then: its files first
-seen at 10 s finished at a median 1.41 times their range's end (206 of 897 inside). Now, while
-a tape's requests are still arriving, the latest end of a planned file's range allows for its
-mount and the ones before it on its drive to take more files, a sent file's for the ones before
-it (its own were sent as they were; new files arriving at
-their rate for as long again as they have gone on, less the silence since the last, at most
-until the mount ends: of a process seen only this far, the rest is as likely to be longer as
-shorter; a request that joins a file already in the job is not a new file), and a reason says
-so. No constant is fitted: one submission (all its
-files at one moment) and arrivals that stopped for longer than they went on add nothing, so
-bnl-704, bnl-large, the three pic-lto4, groups and storm score as before, to the last digit,
-and no makespan moves (the estimates change nothing the loop does). On overlap, 868 of the 897
-files first seen at 10 s are now inside, and all but 35 of the 3,000. The price is the
-width: the files first seen at 20 s and 30 s (the burst nearly or just over, which the rate
-cannot tell) are shown ranges that reach about twice their wait (median latest end 2.00 and
-1.89 times the time they were done), and the median range is as long as the median wait.
-Tried on the same replay and not kept: the same allowance weighted by the chance that
-arrivals at their rate leave the silence since the last one (exp(-rate x silence)): 0.87 /
-0.87 / 0.53, the planned and width goals not met. No rule from the arrivals alone tells, 10 s
-into a burst, that it has 20 s to go, and 20 s in that it has 10. The new files (a file's first
-request; each is asked for twice) came 270, 481, 365, 252, 117 and 15 in each 5 s: the rate
-falls from 10 s on, but at 20 s the last 5 s still say 50 a second (1,000 more over another
-20 s, against 132 to come). By these counts (not tried on a replay), a rule reading the recent
-rate instead of the mean would narrow the 30 s files' ranges and leave the 20 s files' (40% of
-the files, the median among them) about as wide.
+What changed since cfe5669: `outlook.estimates._growth` (a6d290d, 2cfb5bf, ebf37c3, 0d55e0c).
+overlap's twelve analysts send 3,000 requests over its first 30 s; 10 s in, about 900 had
+arrived, every tape's mount was planned, and the later files joined those mounts, each about
+twice as long by the end: the files first seen at 10 s finished at a median 1.41 times their
+range's end (206 of 897 inside). Now, while a tape's requests are still arriving, the latest
+end of a planned file's range allows for its mount and the ones before it on its drive to
+take more files, a sent file's for the ones before it (new files arriving at their rate for as
+long again as they have gone on, less the silence since the last, at most until the mount
+ends: of a process seen only this far, the rest is as likely to be longer as shorter; a
+request that joins a file already in a job is not a new file), and a reason says so. No
+constant is fitted: arrivals at one moment, or stopped for longer than they went on, add
+nothing, so the other seven score as before to the last digit. On overlap 868 of the 897 were
+inside on 2cfb5bf, and 2,962 of the 3,000 are now. The price is the width: the files first
+seen at 20 s and 30 s (the burst nearly or just over) are shown ranges that reach about twice
+their wait.
+
+Why no rule from the arrivals reaches that width: the new files (a file's first request; each
+is asked for twice) came 270, 481, 365, 252, 117 and 15 in each 5 s. At 20 s the last 5 s still
+say 50 a second (1,000 more over another 20 s, against 132 to come); by these counts (not tried
+on a replay) a recent-rate rule would narrow only the 30 s files' ranges, not the 20 s files'
+(40% of the files, the median among them). Tried and not kept: the allowance weighted by the
+chance that arrivals at their rate leave the silence since the last one (exp(-rate x
+silence)): 0.87 / 0.87 / 0.53.
 
 What is left: overlap's width. storm's 1,456 late files (835 on the first tapes, cut by the
 analysts' short mounts in the first hour; 603 of the final round, whose taken-back jobs are
