@@ -107,6 +107,27 @@ def test_the_live_page_and_the_usage_report_give_each_activity_the_same_share(to
     assert re.search(r'data-testid="activity-share">55%<', live_html)
 
 
+def test_a_users_own_report_by_activity_gives_their_part_of_each_mount_and_everyones_share(today, alice):
+    """alice, who may see only her own usage: her Express line is her part of the mount she
+    shared with charlie (3 of its 4 files), and its share is of everyone's drive time, the
+    figure the operator's report and her line by user give (before: her files alone counted,
+    the whole mount hers and her share 100%)."""
+    from carousel.domain import policy
+
+    assert not policy.may_see_all_usage(alice)
+    RestoreRequest.objects.filter(user=alice).update(activity="Express")
+    now, floor = timezone.now(), usage.day_floor(today)
+    period = {"since": floor, "until": floor + timedelta(days=1), "now": now}
+    everyone = {line.name: line for line in usage.usage_report(by="activity", **period).lines}
+    own = {line.name: line for line in usage.usage_report(by="activity", viewer=alice, **period).lines}
+    by_user = {line.name: line for line in usage.usage_report(by="user", viewer=alice, **period).lines}
+    assert set(own) == {"Express"}
+    assert own["Express"].drive_s == pytest.approx(everyone["Express"].drive_s)
+    assert own["Express"].mounts == pytest.approx(everyone["Express"].mounts) == pytest.approx(0.75)
+    assert own["Express"].drive_share == pytest.approx(everyone["Express"].drive_share)
+    assert own["Express"].drive_share == pytest.approx(by_user["alice"].drive_share, rel=1e-3)
+
+
 def test_one_users_share_read_alone_is_the_figure_of_every_users(today, alice, charlie, operator):
     """The summary every client polls reads the caller's share alone (drive_time_share_of): the
     same figure as every user's pass, for a user with finished mounts only (alice), one with a

@@ -116,8 +116,8 @@ def drive_seconds(*, since, until, by="user", now=None, of=None):
     whatever the number of users (the summary shows the caller's share on every poll)."""
     since, until = day_floor(since), day_ceil(until)
     if by == "activity":  # the rolled-up rows carry no activity: read from the jobs and requests
-        seconds = _activity_drive(RestoreRequest.objects.all(), since, until, now)[1]
-        return seconds, sum(seconds.values())
+        _, seconds, total = _activity_drive(since, until, now)
+        return seconds, total
     if of is not None and by != "user":
         raise ValueError("of= names a user: by must be user")
     key = "user_id" if by == "user" else "group_key"
@@ -236,30 +236,41 @@ def usage_csv(report):
     return out.getvalue()
 
 
-def _activity_drive(requests, since, until, now=None):
-    """({activity: mounts}, {activity: drive seconds}) of `requests` over [since, until): the
-    jobs that finished then, each one's time at the stager and its mount shared by its files, as
-    the rolled-up rows share them between users; given `now`, plus the time so far within the
-    period of the jobs on the drives now, shared among their requests in flight (as
-    drive_seconds does for users and groups)."""
-    shares = list(requests.filter(job__finished_at__gte=since, job__finished_at__lt=until, job__sent_at__isnull=False)
-                  .values_list("job_id", "activity").annotate(n=Count("id")).order_by())
-    spans = {j: (finished - sent).total_seconds() for j, sent, finished in
-             Job.objects.filter(id__in={j for j, _, _ in shares}).values_list("id", "sent_at", "finished_at")}
+def _activity_drive(since, until, now=None, user=None):
+    """({activity: mounts}, {activity: drive seconds}, everyone's drive seconds) over [since,
+    until): the jobs that finished then, each one's time at the stager and its mount shared by
+    its files, as the rolled-up rows share them between users; given `now`, plus the time so far
+    within the period of the jobs on the drives now, shared among their requests in flight (as
+    drive_seconds does for users and groups). Given `user` (an id): that user's part of each
+    activity only; a job is still shared by all its files, whoever asked for them, and the
+    total is everyone's, so that a share means what it means on every other page."""
+    count = {"n": Count("id")}
+    if user is not None:
+        count["mine"] = Count("id", filter=Q(user_id=user))
+    shares = list(RestoreRequest.objects.filter(job__finished_at__gte=since, job__finished_at__lt=until,
+                                                job__sent_at__isnull=False)
+                  .values_list("job_id", "activity").annotate(**count).order_by())
+    spans = {j: max(0.0, (finished - sent).total_seconds()) for j, sent, finished in
+             Job.objects.filter(id__in={row[0] for row in shares}).values_list("id", "sent_at", "finished_at")}
     held = _held_so_far(since, until, now)
-    on_drives = list(requests.filter(job_id__in=list(held), state__in=IN_FLIGHT_STATES).order_by()
-                     .values_list("job_id", "activity").annotate(n=Count("id"))) if held else []
+    on_drives = list(RestoreRequest.objects.filter(job_id__in=list(held), state__in=IN_FLIGHT_STATES).order_by()
+                     .values_list("job_id", "activity").annotate(**count)) if held else []
     files = {}
-    for job, _, n in shares + on_drives:
+    for job, _, n, *_ in shares + on_drives:
         files[job] = files.get(job, 0) + n
     mounts, drive = {}, {}
-    for job, activity, n in shares:
-        part = n / files[job]
-        mounts[activity] = mounts.get(activity, 0.0) + part
-        drive[activity] = drive.get(activity, 0.0) + max(0.0, spans.get(job, 0.0)) * part
-    for job, activity, n in on_drives:
-        drive[activity] = drive.get(activity, 0.0) + held[job] * n / files[job]
-    return mounts, drive
+    total = sum(spans.get(job, 0.0) for job in {row[0] for row in shares}) + sum(
+        held[job] for job in {row[0] for row in on_drives})
+    for job, activity, n, *mine in shares:
+        part = (mine[0] if mine else n) / files[job]
+        if part:
+            mounts[activity] = mounts.get(activity, 0.0) + part
+            drive[activity] = drive.get(activity, 0.0) + spans.get(job, 0.0) * part
+    for job, activity, n, *mine in on_drives:
+        part = (mine[0] if mine else n) / files[job]
+        if part:
+            drive[activity] = drive.get(activity, 0.0) + held[job] * part
+    return mounts, drive, total
 
 
 def _by_activity(since, until, viewer, now=None):
@@ -267,10 +278,10 @@ def _by_activity(since, until, viewer, now=None):
     not carry activities): what retention has pruned is not counted. Counted by the database,
     per activity; mounts and drive seconds per (job, activity), the jobs that finished in the
     period, shared by their files as the rolled-up rows share them between users. A viewer
-    without the view permission on usage sees their own requests'."""
-    requests = RestoreRequest.objects.all()
-    if viewer is not None and not policy.may_see_all_usage(viewer):
-        requests = requests.filter(user_id=viewer.id)
+    without the view permission on usage sees their own requests' (their part of each mount,
+    its share of everyone's drive time)."""
+    mine = viewer is not None and not policy.may_see_all_usage(viewer)
+    requests = RestoreRequest.objects.filter(user_id=viewer.id) if mine else RestoreRequest.objects.all()
     asked = {r["activity"]: r for r in requests.filter(created_at__gte=since, created_at__lt=until)
              .values("activity").annotate(files=Count("id"), bytes=Sum("size")).order_by()}
     done = Q(state=RequestState.DONE)
@@ -284,8 +295,7 @@ def _by_activity(since, until, viewer, now=None):
                  expired=Count("id", filter=Q(state=RequestState.EXPIRED)),
                  **{f"failed_{c}": Count("id", filter=failed & Q(error_class=e)) for c, e in classes.items()}
              ).order_by()}
-    mounts, drive = _activity_drive(requests, since, until, now)
-    total_drive = sum(drive.values())
+    mounts, drive, total_drive = _activity_drive(since, until, now, user=viewer.id if mine else None)
     lines = []
     for name in sorted(set(asked) | set(ended) | set(drive)):
         a, e = asked.get(name, {}), ended.get(name, {})
@@ -294,6 +304,6 @@ def _by_activity(since, until, viewer, now=None):
             restored_files=e.get("restored_files", 0), restored_bytes=e.get("restored_bytes") or 0,
             failed={c: e.get(f"failed_{c}", 0) for c in FAILURE_CLASSES}, cancelled=e.get("cancelled", 0),
             expired=e.get("expired", 0), mounts=mounts.get(name, 0.0), drive_s=drive.get(name, 0.0),
-            drive_share=drive.get(name, 0.0) / total_drive if total_drive else 0.0))
+            drive_share=share_of(drive.get(name, 0.0), total_drive)))
     lines.sort(key=lambda line: (-line.restored_bytes, line.name))
     return UsageReport(since=since, until=until, by="activity", lines=lines, total_drive_s=total_drive)
