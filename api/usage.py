@@ -49,7 +49,9 @@ def _in_range(value):
 
 def report_for(request):
     """Parse the period (400 on bad input) and build the report the user may see."""
-    params = PeriodSerializer(data=request.query_params)
+    # A plain dict: DRF reads an empty value in a QueryDict as not given (?until= was the
+    # default period), and an empty filter is refused on every list (README).
+    params = PeriodSerializer(data=request.query_params.dict())
     params.is_valid(raise_exception=True)
     return usage.usage_report(viewer=request.user, now=timezone.now(), **params.validated_data)
 

@@ -213,7 +213,9 @@ class BulkList(generics.ListAPIView):
         # Those the identity may read: a token's, those whose every path its scopes let it read.
         qs = policy.readable_bulks(policy.identity(self.request)).select_related("user")
         label = self.request.query_params.get("label")
-        return qs.filter(label=label) if label else qs
+        if label == "":  # not every submission: an empty filter is refused, as on every list
+            raise serializers.ValidationError({"label": ["an empty label: give one, or leave the parameter out"]})
+        return qs.filter(label=label) if label is not None else qs
 
     @extend_schema(parameters=[OpenApiParameter("label", OpenApiTypes.STR, description="only this label")])
     def get(self, request, *args, **kwargs):

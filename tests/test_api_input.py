@@ -106,6 +106,16 @@ def test_an_empty_or_senseless_list_parameter_is_refused(as_alice, query):
     assert query.split("=")[0] in body["fields"]
 
 
+@pytest.mark.parametrize("url, query", [("/api/v1/usage/", "until="), ("/api/v1/usage/", "since="),
+                                        ("/api/v1/usage/", "by="), ("/api/v1/usage/csv/", "until="),
+                                        ("/api/v1/bulks/", "label=")])
+def test_an_empty_filter_of_the_usage_report_or_the_submissions_is_refused(as_alice, url, query):
+    """As on the list of requests (the README: 400 for an empty filter such as ?until=); before,
+    each was taken as not given: the default period, or every submission for ?label=."""
+    body = api_error(as_alice.get(f"{url}?{query}"), 400)
+    assert query.split("=")[0] in body["fields"]
+
+
 def test_a_good_page_size_still_pages(as_alice, alice, now):
     restore_submit(user=alice, now=now, paths=["/a", "/b", "/c"])
     r = as_alice.get(URL, {"page_size": "2"})
