@@ -281,6 +281,42 @@ def test_an_address_ending_in_api_v1_is_named(scripted, capsys, monkeypatch):
     assert "CAROUSEL_URL ends in /api/v1" in err and "https://carousel.example.org" in err and seen == []
 
 
+@pytest.mark.parametrize("variable, value, says", [
+    ("CAROUSEL_URL", "http://[::1", "CAROUSEL_URL is not a URL"),
+    ("CAROUSEL_URL", "http://carousel.test:port", "CAROUSEL_URL is not a URL"),
+    ("CAROUSEL_URL", "127.0.0.1:8000", "CAROUSEL_URL is not an http or https address"),
+    ("CAROUSEL_URL", "ftp://carousel.test", "CAROUSEL_URL is not an http or https address"),
+    ("CAROUSEL_TOKEN", "t\u00f8ken", "the API token has characters no token has"),
+    ("CAROUSEL_TOKEN", "abc\ndef", "the API token has characters no token has"),
+    ("CAROUSEL_TOKEN_FILE", b"\xff\xfe", "cannot read the token file"),
+])
+def test_a_bad_address_or_token_is_a_configuration_error_in_one_line(scripted, capsys, monkeypatch, tmp_path,
+                                                                   variable, value, says):
+    """Before: a traceback (an IPv6 address cut short, a token file that is not text, a token
+    outside ASCII) or "cannot reach Carousel" with advice to check the server (exit 7)."""
+    _, seen, _ = scripted
+    if variable == "CAROUSEL_TOKEN_FILE":
+        (tmp_path / "token").write_bytes(value)
+        monkeypatch.delenv("CAROUSEL_TOKEN")
+        value = str(tmp_path / "token")
+    monkeypatch.setenv(variable, value)
+    assert client_cli.main(["ls"]) == client_api.EXIT_CONFIG
+    err = lines_of(capsys.readouterr().err)
+    assert says in err[0] and "Traceback" not in "".join(err) and seen == []
+
+
+@pytest.mark.parametrize("option", [["--interval", "-5"], ["--interval", "0"], ["--timeout", "nan"],
+                                    ["--timeout", "-1"], ["--timeout", "inf"], ["--interval", "soon"]])
+def test_wait_refuses_pauses_and_timeouts_that_are_not_positive_seconds(scripted, capsys, option):
+    """A negative --interval polled the API without a pause (28 calls in 3 s); nan never timed
+    out. (--timeout 0 looks once: test_status_and_wait_give_the_summary_line_and_the_range_...)"""
+    _, seen, _ = scripted
+    with pytest.raises(SystemExit) as stopped:
+        client_cli.main(["wait", "1d57393c-7641-45e8-b8b0-3b988f8f2a11", *option])
+    assert stopped.value.code == client_api.EXIT_USAGE and seen == []
+    assert option[0] in capsys.readouterr().err
+
+
 def test_why_takes_a_path_or_a_request_id_and_offers_to_submit_only_paths(scripted, capsys):
     answers, seen, _ = scripted
     assert client_cli.main(["why", "351"]) == client_api.EXIT_NOT_FOUND

@@ -64,21 +64,39 @@ class Config:
         if not url:
             raise ClientError("no Carousel server configured", code=EXIT_CONFIG,
                               hint=f"set CAROUSEL_URL (e.g. https://carousel.example.org) or url in {CONFIG_FILE}")
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+        except ValueError as exc:
+            raise ClientError(f"{source} is not a URL ({url!r}: {exc})", code=EXIT_CONFIG,
+                              hint="give the server's address, e.g. https://carousel.example.org") from None
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ClientError(f"{source} is not an http or https address ({url!r})", code=EXIT_CONFIG,
+                              hint="give the server's address with its scheme, e.g. https://carousel.example.org")
         api = API.rstrip("/")
-        if urlsplit(url).path.rstrip("/").endswith(api):
+        if parts.path.rstrip("/").endswith(api):
             # The client adds /api/v1/ itself: with it in the address every call is a 404.
             raise ClientError(f"{source} ends in {api} ({url}): give the server's address, "
                               f"{url.rstrip('/').removesuffix(api)}; the client adds {api}/ itself", code=EXIT_CONFIG)
         if token_file:
             try:
-                token = Path(os.path.expanduser(token_file)).read_text().strip()
+                token = Path(os.path.expanduser(token_file)).read_text(encoding="utf-8").strip()
             except OSError as exc:
                 raise ClientError(f"cannot read the token file {token_file}: {exc.strerror}", code=EXIT_CONFIG,
                                   hint="check CAROUSEL_TOKEN_FILE and that this user may read it")
+            except UnicodeDecodeError:
+                raise ClientError(f"cannot read the token file {token_file}: it is not text (UTF-8)",
+                                  code=EXIT_CONFIG, hint="it holds the token alone, on one line") from None
         if not token:
             raise ClientError("no API token configured", code=EXIT_CONFIG,
                               hint=f"set CAROUSEL_TOKEN or CAROUSEL_TOKEN_FILE, or token in {CONFIG_FILE}; "
                                    "your token is on your Carousel page or from your operator")
+        if not (token.isascii() and token.isprintable() and " " not in token):
+            # It travels in a header: httpx refused it with a traceback, or the server was
+            # reported unreachable ("Illegal header value").
+            raise ClientError("the API token has characters no token has (spaces, line breaks or letters "
+                              "outside ASCII: a bad paste?)", code=EXIT_CONFIG,
+                              hint="copy it again from your Carousel page; CAROUSEL_TOKEN or CAROUSEL_TOKEN_FILE")
         return cls(url.rstrip("/"), token)
 
 

@@ -4,6 +4,7 @@ what to do, and the exit code says what happened (api.EXIT_*)."""
 import argparse
 import codecs
 import json
+import math
 import os
 import re
 import sys
@@ -30,6 +31,22 @@ and a failing or throttling one is retried for 60 s."""
 # once, and an unreachable host may take at most this long to say so.
 CONNECT_TIMEOUT_S = 4.0
 SERVER_PATIENCE_S = 60.0
+
+
+def _seconds(text, *, zero=False):
+    """A number of seconds for --timeout (0: look once) and --interval (above 0): finite, not
+    negative (a negative interval polled the API without a pause; nan never timed out)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds {'from 0' if zero else 'above 0'}")
+    return value
+
+
+def _timeout(text):
+    return _seconds(text, zero=True)
 
 
 def build_parser():
@@ -61,8 +78,8 @@ def build_parser():
 
     wait = commands.add_parser("wait", help="follow a submission until it is finished")
     wait.add_argument("id", metavar="ID")
-    wait.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 12)")
-    wait.add_argument("--interval", type=float, default=None, metavar="SECONDS",
+    wait.add_argument("--timeout", type=_timeout, metavar="SECONDS", help="give up after this long (exit 12)")
+    wait.add_argument("--interval", type=_seconds, default=None, metavar="SECONDS",
                       help="first pause between checks (then it grows, up to 30 s)")
 
     ls = commands.add_parser("ls", help="your requests, newest first")
