@@ -142,13 +142,21 @@ def test_wait_reports_failures_and_cancellations_with_their_own_codes(carousel, 
     assert RestoreRequest.objects.filter(state="cancelled").count() == 2
 
 
-def test_each_error_has_its_message_and_exit_code(carousel_at_rest, alice):
+def test_each_error_has_its_message_and_exit_code(carousel_at_rest, alice, tmp_path):
     carousel = carousel_at_rest  # the API alone: no cycle is needed
     code, out, err = run(carousel, alice, "submit", "relative/path", "/fine", "--json")
     assert code == client_api.EXIT_REFUSED
-    assert "refused:" in err and "line 1: relative/path: not an absolute path" in err
+    assert "refused:" in err and "argument 1: relative/path: not an absolute path" in err
     assert json.loads(out)["exit_code"] == client_api.EXIT_REFUSED
     assert not RestoreRequest.objects.exists()  # nothing half stored
+    # A refused path is named by its line in what the user gave (blank lines and comments
+    # count), not by its place in the list sent (which said "line 2" for line 5 of the file).
+    listing = tmp_path / "paths.txt"
+    listing.write_text("# run 4\n\n/fine\n\nrel/bad\n")
+    code, _, err = run(carousel, alice, "submit", "--from-file", str(listing), "-", stdin="/ok\nalso/bad\n")
+    assert code == client_api.EXIT_REFUSED
+    assert f"line 5 of {listing}: rel/bad: not an absolute path" in err
+    assert "line 2 of standard input: also/bad: not an absolute path" in err
 
     code, _, err = run(carousel, alice, "status", str(uuid.uuid4()))
     assert code == client_api.EXIT_NOT_FOUND and "not found" in err

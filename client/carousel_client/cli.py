@@ -146,22 +146,46 @@ def out(args, data, text):
 # Commands -------------------------------------------------------------------------------
 
 def read_paths(args):
-    paths = []
+    """(paths, where each one was: "line 5 of FILE", "line 2 of standard input", "argument 1"),
+    blank lines and # comments left out: the server numbers the list it gets, and a person
+    fixes the line of the file they gave."""
+    found = []
     sources = list(args.paths)
     if args.from_file:
         try:
             with open(args.from_file, "rb") as f:
-                paths += _lines(_text(f.read(), args.from_file))
+                found += _numbered(_text(f.read(), args.from_file), args.from_file)
         except OSError as exc:
             raise ClientError(f"cannot read {args.from_file}: {exc.strerror}", code=api.EXIT_USAGE)
     if "-" in sources:
         stdin = getattr(sys.stdin, "buffer", None)
-        paths += _lines(_text(stdin.read(), "standard input") if stdin else sys.stdin.read())
-    paths += [p for p in sources if p != "-"]
-    if not paths:
+        found += _numbered(_text(stdin.read(), "standard input") if stdin else sys.stdin.read(), "standard input")
+    found += [(p, f"argument {n}") for n, p in enumerate((p for p in sources if p != "-"), 1)]
+    if not found:
         raise ClientError("no paths to submit", code=api.EXIT_USAGE,
                           hint="name them, or use --from-file FILE, or '-' to read them from standard input")
-    return paths
+    return [p for p, _ in found], [where for _, where in found]
+
+
+def _numbered(text, name):
+    return [(line.strip(), f"line {n} of {name}") for n, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _refused_where(exc, origins):
+    """A refused submission's listing with each path's place in what the user gave (the
+    server's "line N" counts the list it was sent)."""
+    errors = exc.body.get("errors") if exc.status == 400 and isinstance(exc.body, dict) else None
+    if not errors:
+        return exc
+
+    def where(e):
+        index = e.get("index")
+        return origins[index] if isinstance(index, int) and 0 <= index < len(origins) else f"line {e.get('line')}"
+
+    listed = "".join(f"\n  {where(e)}: {e.get('path')}: {e.get('message')}" for e in errors[:20])
+    return ClientError(exc.message.split("\n", 1)[0] + listed, hint=exc.hint, code=exc.code, status=exc.status,
+                       body=exc.body)
 
 
 def _text(data, name):
@@ -181,10 +205,6 @@ def _text(data, name):
                           code=api.EXIT_USAGE) from None
 
 
-def _lines(text):
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
 def _request_id(text):
     """A request id as typed: ASCII digits only ('²'.isdigit() is true, and int('²') fails)."""
     return re.fullmatch(r"[0-9]+", text) is not None
@@ -194,11 +214,15 @@ def cmd_submit(client, args):
     pin = args.pin
     if pin and re.fullmatch(r"\d+", pin):
         pin = int(pin)
+    paths, origins = read_paths(args)
     # Large lists go in one request: the server takes a whole submission or refuses it whole.
-    result = client.submit(read_paths(args), priority=args.priority, destination=args.destination,
-                           destination_layout=args.destination_layout,
-                           deadline=args.deadline, pin_lifetime=pin, notify=args.notify, label=args.label,
-                           activity=args.activity)
+    try:
+        result = client.submit(paths, priority=args.priority, destination=args.destination,
+                               destination_layout=args.destination_layout,
+                               deadline=args.deadline, pin_lifetime=pin, notify=args.notify, label=args.label,
+                               activity=args.activity)
+    except ClientError as exc:
+        raise _refused_where(exc, origins) from None
     data = {"id": result["bulk_id"], **{k: v for k, v in result.items() if k != "bulk_id"}}
     if not args.json and sys.stderr.isatty():
         print(f"{result['files']} files: {result['created']} new, {result['existing']} already requested, "
