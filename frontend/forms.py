@@ -12,9 +12,11 @@ NOT_UTF8 = "not UTF-8 text"
 
 
 def read_lines(lines, *, limit):
-    """The non-blank lines of `lines` (str or UTF-8 bytes, line endings kept or not), stripped:
-    (paths, line numbers counted from 1, errors). Stops after `limit` paths, enough for the
-    service to refuse a list that is too long without reading all of it.
+    """The non-blank lines of `lines` (str or UTF-8 bytes, line endings kept or not), stripped,
+    but for # comments: (paths, line numbers counted from 1, errors). A byte-order mark at the
+    start (as Windows editors save UTF-8) is not part of the first path. The `carousel` command
+    reads a file the same way. Stops after `limit` paths, enough for the service to refuse a
+    list that is too long without reading all of it.
 
     Django decodes a posted text field with errors="replace", so bytes that are not UTF-8 reach
     the paste box as U+FFFD: a line holding it is refused as an upload's undecodable line is
@@ -23,15 +25,17 @@ def read_lines(lines, *, limit):
     for number, line in enumerate(lines, 1):
         if isinstance(line, bytes):
             try:
-                line = line.decode("utf-8")
+                line = line.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError:
                 errors.append({"line": number, "path": line[:200].decode("utf-8", "replace"), "message": NOT_UTF8})
                 continue
         if "\ufffd" in line:
             errors.append({"line": number, "path": line[:200], "message": NOT_UTF8})
             continue
+        if number == 1:
+            line = line.removeprefix("\ufeff")
         line = line.strip()
-        if line:
+        if line and not line.startswith("#"):  # a path starts with /: such a line is a comment
             paths.append(line)
             numbers.append(number)
             if len(paths) > limit:

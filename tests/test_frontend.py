@@ -124,6 +124,18 @@ def test_an_upload_that_is_not_utf8_is_refused_with_its_lines(as_alice_web):
     assert not RestoreRequest.objects.exists()
 
 
+def test_an_upload_reads_as_the_command_line_does_a_byte_order_mark_and_comments(as_alice_web, alice):
+    """A UTF-8 file saved with a byte-order mark (Windows editors) and # comments: `carousel
+    submit --from-file` took it, the form refused its first line and every comment as "not an
+    absolute path". Bad lines keep their numbers in the file."""
+    body = "\ufeff# run 4, stream A\r\n/ok/a\r\n\r\n# the rest\r\n/ok/b\r\n".encode()
+    r = as_alice_web.post("/restore/", {"file": SimpleUploadedFile("list.txt", body)})
+    assert r.status_code == 302, page(r)
+    assert sorted(RestoreRequest.objects.filter(user=alice).values_list("path", flat=True)) == ["/ok/a", "/ok/b"]
+    r = as_alice_web.post("/restore/", {"file": SimpleUploadedFile("list.txt", "\ufeff# x\n/ok/c\nrel/d\n".encode())})
+    assert r.status_code == 400 and re.findall(r'<td data-label="Line">(\d+)</td>', page(r)) == ["3"]
+
+
 def test_pasted_text_that_is_not_utf8_is_refused_with_its_lines(as_alice_web):
     """Django reads the bad bytes as U+FFFD; the paste box refuses the line as the upload does
     instead of queueing the mangled path (issue 25)."""
