@@ -270,9 +270,19 @@ class RequestFilterSerializer(serializers.Serializer):
     since = serializers.DateTimeField(required=False, help_text="created at or after")
     until = serializers.DateTimeField(required=False, help_text="created before")
     path = serializers.CharField(required=False, max_length=4096, help_text="path contains this text")
+    mine = serializers.BooleanField(required=False, help_text="true: only the caller's own requests (an operator "
+                                                               "or a service sees others' too)")
 
     def validate_state(self, value):
         return _states(value)
+
+
+class BulkFilterSerializer(serializers.Serializer):
+    """The submissions list's query parameters, refused when empty or malformed as the requests'."""
+
+    label = serializers.CharField(required=False, max_length=255, help_text="only this label")
+    mine = serializers.BooleanField(required=False, help_text="true: only the caller's own submissions (an "
+                                                               "operator or a service sees others' too)")
 
 
 # Response bodies built from dicts, declared for the schema (and so checked by schemathesis).

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, generics, serializers
 from rest_framework.pagination import CursorPagination
 from rest_framework.permissions import AllowAny
@@ -78,7 +78,9 @@ class RequestListCreate(generics.ListAPIView):
         # must be refused, not ignored.
         query = s.RequestFilterSerializer(data=self.request.query_params.dict())
         query.is_valid(raise_exception=True)
-        return selectors.request_list(user=policy.identity(self.request), **query.validated_data)
+        filters = dict(query.validated_data)
+        owner = self.request.user.pk if filters.pop("mine", False) else None
+        return selectors.request_list(user=policy.identity(self.request), owner=owner, **filters)
 
     @extend_schema(parameters=[s.RequestFilterSerializer])
     def get(self, request, *args, **kwargs):
@@ -212,12 +214,14 @@ class BulkList(generics.ListAPIView):
     def get_queryset(self):
         # Those the identity may read: a token's, those whose every path its scopes let it read.
         qs = policy.readable_bulks(policy.identity(self.request)).select_related("user")
-        label = self.request.query_params.get("label")
-        if label == "":  # not every submission: an empty filter is refused, as on every list
-            raise serializers.ValidationError({"label": ["an empty label: give one, or leave the parameter out"]})
-        return qs.filter(label=label) if label is not None else qs
+        # A plain dict, as for the requests: an empty filter (?label=) is refused, not ignored.
+        query = s.BulkFilterSerializer(data=self.request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        if "label" in query.validated_data:
+            qs = qs.filter(label=query.validated_data["label"])
+        return qs.filter(user_id=self.request.user.pk) if query.validated_data.get("mine") else qs
 
-    @extend_schema(parameters=[OpenApiParameter("label", OpenApiTypes.STR, description="only this label")])
+    @extend_schema(parameters=[s.BulkFilterSerializer])
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from carousel.models import Control, RestoreRequest
+from tests.conftest import client_for
 from tests.live import carousel, carousel_at_rest, client_venv, open_dir, program  # noqa: F401 (fixtures)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
@@ -183,6 +184,27 @@ def test_each_error_has_its_message_and_exit_code(carousel_at_rest, alice, tmp_p
     with socket_closed() as port:
         code, _, err = run(carousel, alice, "ls", CAROUSEL_URL=f"http://127.0.0.1:{port}", CAROUSEL_RETRY_S="1")
     assert code == client_api.EXIT_UNAVAILABLE and "cannot reach Carousel" in err
+
+
+def test_an_operator_is_shown_their_own_submissions_and_requests_by_default(carousel_at_rest, alice, operator):
+    """`carousel status` (your latest), `ls` (your requests) and `why PATH` for someone who may
+    see every user's: before, alice's latest submission, her requests and her request for the
+    path. The API still lists everyone's when not asked for the caller's own (?mine=true)."""
+    carousel = carousel_at_rest  # the API alone: no cycle is needed
+    code, out, err = run(carousel, alice, "submit", "/exp/ok/a")
+    assert code == 0, err
+    code, _, err = run(carousel, operator, "status")
+    assert code == client_api.EXIT_NOT_FOUND and "you have no submissions yet" in err
+    code, out, _ = run(carousel, operator, "ls")
+    assert code == 0 and out.strip() == "(no requests)"
+    code, _, err = run(carousel, operator, "why", "/exp/ok/a")
+    assert code == client_api.EXIT_NOT_FOUND and "you have no request for /exp/ok/a" in err
+    api = client_for(operator)
+    assert [r["path"] for r in api.get("/api/v1/requests/").json()["results"]] == ["/exp/ok/a"]
+    assert api.get("/api/v1/requests/", {"mine": "true"}).json()["results"] == []
+    assert len(api.get("/api/v1/bulks/").json()["results"]) == 1
+    assert api.get("/api/v1/bulks/", {"mine": "true"}).json()["results"] == []
+    assert api.get("/api/v1/bulks/", {"mine": "maybe"}).status_code == 400
 
 
 class socket_closed:

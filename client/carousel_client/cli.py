@@ -239,7 +239,7 @@ def _bulk_id(client, given):
             raise ClientError(f"{given!r} is not a submission id", code=api.EXIT_USAGE,
                               hint="a submission id is the UUID that `carousel submit` printed")
         return given
-    latest = client.get("bulks/", page_size=1)["results"]
+    latest = client.get("bulks/", page_size=1, mine="true")["results"]  # an operator sees everyone's
     if not latest:
         raise ClientError("you have no submissions yet", code=api.EXIT_NOT_FOUND, hint="carousel submit PATH...")
     return latest[0]["id"]
@@ -396,7 +396,7 @@ def _draw(snap, history):
 def cmd_ls(client, args):
     rows = []
     for row in client.pages("requests/", state=args.state, bulk=args.bulk, tape=args.tape, since=args.since,
-                            until=args.until, path=args.path):
+                            until=args.until, path=args.path, mine="true"):
         rows.append(row)
         if args.limit and len(rows) >= args.limit:
             break
@@ -446,7 +446,7 @@ def cmd_why(client, args):
     if _request_id(args.path):  # a request id, as `carousel ls` shows them
         detail = client.get(f"requests/{args.path}/")
     elif args.path.startswith("/"):
-        found = client.requests_for_path(args.path)
+        found = client.requests_for_path(args.path, mine="true")  # yours, even when you see others
         if not found:
             raise ClientError(f"you have no request for {args.path}", code=api.EXIT_NOT_FOUND,
                               hint=f"ask for it with: carousel submit {args.path}")

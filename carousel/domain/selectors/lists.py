@@ -7,9 +7,12 @@ from carousel.infra import db
 from carousel.models import BulkItem, Intake, RequestState, RestoreRequest
 
 
-def request_list(*, user, **filters):
+def request_list(*, user, owner=None, **filters):
+    """What `user` (an identity) may see, filtered; given `owner` (a user id), that user's own
+    requests only (an operator's "my requests")."""
     # The serializer shows each request's user and tape: joined, not a query per row.
-    return filter_requests(visible_requests(user).select_related("tape", "user"), **filters)
+    qs = visible_requests(user).select_related("tape", "user")
+    return filter_requests(qs if owner is None else qs.filter(user_id=owner), **filters)
 
 
 def filter_requests(qs, *, state=None, bulk=None, tape=None, since=None, until=None, path=None):
