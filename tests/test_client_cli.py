@@ -449,6 +449,20 @@ def test_cancel_of_a_digit_that_is_not_ascii_is_a_usage_error(scripted, capsys):
     assert "'²' is neither a submission id, a request id nor a path" in err[0] and seen == []
 
 
+def test_cancel_by_id_says_when_ids_were_not_cancelled(scripted, capsys):
+    """The server skips ids the caller may not cancel or that are not active; the command said
+    "cancelled 0 requests" and exit 0 for an id never seen, while a path with no active request
+    is exit 5."""
+    answers, seen, _ = scripted
+    answers["/api/v1/requests/cancel/"] = {"cancelled": 1, "not_active": []}
+    assert client_cli.main(["cancel", "7", "99999"]) == client_api.EXIT_NOT_FOUND
+    assert "1 of the request ids given is not yours or not active (the others cancelled: 1)" in \
+        capsys.readouterr().err
+    answers["/api/v1/requests/cancel/"] = {"cancelled": 2, "not_active": []}
+    assert client_cli.main(["cancel", "7", "8"]) == 0
+    assert capsys.readouterr().out.strip() == "cancelled 2 requests"
+
+
 def test_an_unreadable_configuration_file_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     for name in ("CAROUSEL_URL", "CAROUSEL_TOKEN", "CAROUSEL_TOKEN_FILE", "CAROUSEL_CONFIG"):

@@ -433,12 +433,20 @@ def cmd_cancel(client, args):
         answer = client.post("requests/cancel/", body)
         total += answer["cancelled"]
         missing += answer.get("not_active", [])
+    skipped = 0
     if ids:
-        total += client.post("requests/cancel/", {"ids": ids})["cancelled"]
-    if missing:
-        raise ClientError(f"no active request for: {', '.join(missing)}"
-                          + (f" (cancelled {total} others)" if total else ""), code=api.EXIT_NOT_FOUND,
-                          hint="see your requests with: carousel ls --path TEXT")
+        # The server skips the ids the caller may not cancel or that are not active, silently:
+        # said here as for paths (before: "cancelled 0 requests", exit 0, for an id never seen).
+        cancelled = client.post("requests/cancel/", {"ids": ids})["cancelled"]
+        total += cancelled
+        skipped = len(set(ids)) - cancelled
+    if missing or skipped:
+        said = [f"no active request for: {', '.join(missing)}"] if missing else []
+        if skipped:
+            said.append(f"{skipped} of the request ids given {'is' if skipped == 1 else 'are'} not yours or "
+                        "not active")
+        raise ClientError("; ".join(said) + (f" (the others cancelled: {total})" if total else ""),
+                          code=api.EXIT_NOT_FOUND, hint="see your requests with: carousel ls")
     out(args, {"cancelled": total}, f"cancelled {total} request{'s' if total != 1 else ''}")
 
 
