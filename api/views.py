@@ -131,8 +131,8 @@ def _request_for(request, action, pk, queryset=None):
     return req
 
 
-def _cancel(queryset):
-    count, pairs = services.request_cancel(queryset=queryset, now=timezone.now())
+def _cancel(request, queryset):
+    count, pairs = services.request_cancel(queryset=queryset, now=timezone.now(), by=request.user)
     withdraw_on_commit(pairs)
     return Response({"cancelled": count})
 
@@ -141,7 +141,7 @@ class RequestCancel(APIView):
     @extend_schema(request=None, responses=s.CancelResultSerializer, operation_id="v1_requests_cancel_one")
     def post(self, request, pk):
         req = _request_for(request, policy.CANCEL, pk)
-        return _cancel(RestoreRequest.objects.filter(pk=req.pk))
+        return _cancel(request, RestoreRequest.objects.filter(pk=req.pk))
 
 
 class RequestCancelMany(APIView):
@@ -159,7 +159,7 @@ class RequestCancelMany(APIView):
         policy.require_scope(who, policy.CANCEL)
         data = form.validated_data
         if "ids" in data:
-            return _cancel(policy.actionable_requests(who, policy.CANCEL).filter(pk__in=data["ids"]))
+            return _cancel(request, policy.actionable_requests(who, policy.CANCEL).filter(pk__in=data["ids"]))
         if data["all_users"] and not policy.may_act_for_all_users(request.user):
             raise exceptions.PermissionDenied("cancelling every user's requests for these paths needs the change "
                                               "permission on restore requests")
@@ -167,8 +167,8 @@ class RequestCancelMany(APIView):
             requests, bulks = policy.actionable_requests(who, policy.CANCEL), Bulk.objects.all()
         else:
             requests, bulks = policy.own_requests(who, policy.CANCEL), policy.own_bulks(who)
-        count, pairs, unmatched = services.request_cancel_paths(requests=requests, bulks=bulks,
-                                                                paths=data["paths"], now=timezone.now())
+        count, pairs, unmatched = services.request_cancel_paths(requests=requests, bulks=bulks, paths=data["paths"],
+                                                                now=timezone.now(), by=request.user)
         withdraw_on_commit(pairs)
         return Response({"cancelled": count, "not_active": unmatched[:1000]})
 

@@ -124,7 +124,7 @@ def cancel(request):
         return HttpResponseBadRequest(f"Nothing cancelled: {exc}.", content_type="text/plain; charset=utf-8")
     if ids:
         chosen = policy.actionable_requests(policy.identity(request), policy.CANCEL).filter(pk__in=ids)
-        count, pairs = services.request_cancel(queryset=chosen, now=timezone.now())
+        count, pairs = services.request_cancel(queryset=chosen, now=timezone.now(), by=request.user)
         withdraw_on_commit(pairs)
         messages.success(request, f"{count} request(s) cancelled." if count else
                          "Nothing cancelled: the selected requests had already finished.")

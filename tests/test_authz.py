@@ -117,6 +117,9 @@ def test_an_operators_cancel_path_cancels_their_own_unless_all_users(operator, a
     assert cli.main(["cancel", "/p/1", "--all-users"]) == 0
     assert states() == {"alice": "cancelled", "operator": "cancelled"}
     assert "cancelled 1 request" in capsys.readouterr().out
+    # alice is told who cancelled hers (it said "cancelled by the user"); the operator's own says that
+    reasons = dict(RestoreRequest.objects.values_list("user__username", "last_error"))
+    assert reasons == {"alice": "cancelled by operator", "operator": "cancelled by the user"}
     # without the change permission, --all-users is refused
     as_alice = client_for(alice)
     r = as_alice.post("/api/v1/requests/cancel/", {"paths": ["/p/1"], "all_users": True}, format="json")

@@ -261,7 +261,7 @@ def bulk_cancel(*, bulk, now, reason="cancelled by the user", allowed=None, whol
         return request_cancel(queryset=chosen, now=now, reason=reason)
 
 
-def request_cancel_paths(*, requests, bulks, paths, now, reason="cancelled by the user"):
+def request_cancel_paths(*, requests, bulks, paths, now, reason="cancelled by the user", by=None):
     """Cancel the active requests of `requests` (policy.own_requests of the caller, or
     everyone's) for these paths, files still waiting in the intake included: the submissions
     of `bulks` (the caller's, or everyone's) holding them are queued first, in the same
@@ -282,7 +282,7 @@ def request_cancel_paths(*, requests, bulks, paths, now, reason="cancelled by th
             intake.settle(bulk_id, now=now)
         chosen = requests.filter(db.in_keys("path_key", keys))
         found = set(chosen.filter(state__in=ACTIVE_STATES).values_list("path_key", flat=True))
-        count, withdraw = request_cancel(queryset=chosen, now=now, reason=reason)
+        count, withdraw = request_cancel(queryset=chosen, now=now, reason=reason, by=by)
     return count, withdraw, [p for p, k in zip(clean, keys) if k not in found]
 
 
@@ -294,8 +294,10 @@ def bulk_requests_to_act_on(bulk):
     return selectors.bulk_requests(bulk)
 
 
-def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCELLED, serialise=True):
-    """Cancel (or, with to=EXPIRED, expire) the active requests of `queryset`. Returns (count,
+def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCELLED, serialise=True, by=None):
+    """Cancel (or, with to=EXPIRED, expire) the active requests of `queryset`. `by`: the user
+    who asked; another user's requests among them (an operator's cancel, a service's) say who
+    cancelled them instead of `reason`, so their owner is not told they did. Returns (count,
     withdrawals): the (job, path) pairs taken back from the stager, which leaves out any file
     that another user's request still shares. They are recorded as stager calls in the same
     transaction (the loop sends them); a caller may ask for an early send (tasks.withdraw_on_commit).
@@ -317,7 +319,12 @@ def request_cancel(*, queryset, now, reason="cancelled by the user", to=S.CANCEL
         in_flight = list(
             locked.filter(state__in=IN_FLIGHT_STATES, job__isnull=False).values_list("job_id", "path_key", "path")
         )
-        count = request_transition(locked, to, now=now, last_error=reason)
+        if by is None:
+            count = request_transition(locked, to, now=now, last_error=reason)
+        else:
+            count = request_transition(locked.filter(user_id=by.pk), to, now=now, last_error=reason)
+            count += request_transition(locked.exclude(user_id=by.pk), to, now=now,
+                                        last_error=f"cancelled by {by.get_username()}")
         withdraw = []
         if in_flight:
             still_wanted = set(
