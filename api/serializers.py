@@ -29,7 +29,7 @@ class StrictSerializer(serializers.Serializer):
 
 @extend_schema_field({
     "type": "array", "minItems": 1, "maxItems": 100_000,
-    "items": {"type": "string", "minLength": 2, "maxLength": 4096, "pattern": "^/[^\\x00-\\x1f\\x7f]*[^/]$"},
+    "items": {"type": "string", "minLength": 2, "maxLength": 4096, "pattern": "^/[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*[^/]$"},
     "description": "absolute paths of files: no control characters, no '.' or '..' components"})
 class PathListField(serializers.ListField):
     """The schema says what the service accepts; the field itself takes any list (see below)."""

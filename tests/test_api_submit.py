@@ -35,6 +35,8 @@ BAD_PATHS = [
     ("/a/../etc/passwd", "'..' component"),
     ("/" + "x" * 4096, "longer than 4096 bytes"),
     ("/a/b\nc", "control character"),
+    ("/a/b\x85c", "control character or a line break"),  # C1: accepted before, a line break in restored.txt
+    ("/a/b\u2028c", "control character or a line break"),
     (42, "expected a string"),
 ]
 

@@ -14,7 +14,7 @@ def _ref(name):
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-PATH = {"type": "string", "minLength": 2, "maxLength": 4096, "pattern": "^/[^\\x00-\\x1f\\x7f]*[^/]$",
+PATH = {"type": "string", "minLength": 2, "maxLength": 4096, "pattern": "^/[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*[^/]$",
         "description": "an absolute path of a file: no control characters, no '.' or '..' components; duplicate "
                        "slashes are collapsed", "example": "/atlas/data/file1"}
 PATHS_BODY = {

@@ -4,10 +4,13 @@ import re
 from dataclasses import dataclass
 
 _SLASHES = re.compile(r"/{2,}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Control characters, C0 and C1, and the Unicode line and paragraph separators: every
+# character str.splitlines() breaks a line at is among them, so the one-path-a-line lists (the
+# form, `carousel submit --from-file`, the restored.txt download) always hold a path a line.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # A path check_path accepts as it is: absolute, components neither empty, '.' nor '..', no
 # control character. One match instead of the checks one by one (100,000 paths a submission).
-_PLAIN = re.compile(r"(?:/(?!\.\.?(?:/|$))[^/\x00-\x1f\x7f]+)+")
+_PLAIN = re.compile(r"(?:/(?!\.\.?(?:/|$))[^/\x00-\x1f\x7f-\x9f\u2028\u2029]+)+")
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ def check_path(path, *, max_bytes):
     if "\x00" in path:
         return None, "contains a NUL byte"
     if _CONTROL.search(path):
-        return None, "contains a control character (newline, tab, ...)"
+        return None, "contains a control character or a line break (newline, tab, U+0085, U+2028, ...)"
     if not path.startswith("/"):
         return None, "not an absolute path: it must start with '/'"
     if len(path.encode("utf-8", "surrogatepass")) > max_bytes:
