@@ -25,7 +25,7 @@ def read_lines(lines, *, limit):
     for number, line in enumerate(lines, 1):
         if isinstance(line, bytes):
             try:
-                line = line.decode("utf-8-sig" if number == 1 else "utf-8")
+                line = line.decode("utf-8")
             except UnicodeDecodeError:
                 errors.append({"line": number, "path": line[:200].decode("utf-8", "replace"), "message": NOT_UTF8})
                 continue

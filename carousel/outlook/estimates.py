@@ -321,14 +321,14 @@ def _growth(now, rows, requests, jobs, speedup):
     for its tape (claiming: they join the tape's job), a sent one reads them after its own
     (a job of their own), and every mount after it on its drive waits for them (overlap:
     about 900 of 3,000 requests known 10 s into a 30 s burst, the mounts twice as long as
-    planned by the end). What is
-    still to come is not known; the latest end assumes the arrivals go on at their rate (the
-    files not read yet of the tape's open jobs, over the time from the first's arrival to the
-    last's) for as long again as they have gone on (of a process seen only this far, what is
-    left is as likely to be longer as shorter: the Copernican, or Lindy, argument), less the
-    silence since the last one, and no longer than until the mount ends: at most as many
-    again. One submission (its files arrive at one moment), or arrivals that stopped for longer
-    than they went on, add nothing. `rows` and `requests`: _open_jobs()."""
+    planned by the end). What is still to come is not known; the latest end assumes the
+    arrivals go on at their rate (the files not read yet of the tape's open jobs, over the time
+    from the first's arrival to the last's) for as long again as they have gone on (of a
+    process seen only this far, what is left is as likely to be longer as shorter: the
+    Copernican, or Lindy, argument), less the silence since the last one, and no longer than
+    until the mount ends: at most as many again. One submission (its files arrive at one
+    moment), or arrivals that stopped for longer than they went on, add nothing. `rows` and
+    `requests`: _open_jobs()."""
     seen = {}  # tape id -> [first arrival, last arrival, when its last job ends]
     for row in rows:
         job, tape = row[0], row[7]

@@ -126,6 +126,13 @@ def _read_file(env):
     return path, dict(parser["carousel"]) if parser.has_section("carousel") else {}
 
 
+def refused_lines(errors, where=None):
+    """A refused submission's paths, a line each (at most 20): where it was (by default the
+    server's line in the list it was sent), the path, why."""
+    where = where or (lambda e: f"line {e.get('line')}")
+    return "".join(f"\n  {where(e)}: {e.get('path')}: {e.get('message')}" for e in errors[:20])
+
+
 def authorization(token):
     # Carousel's own API tokens are opaque keys; WLCG tokens (JWTs) travel as bearer tokens.
     return f"Bearer {token}" if token.count(".") == 2 else f"Token {token}"
@@ -210,9 +217,8 @@ class Client:
                               status=status, body=body, hint="try again later")
         if 400 <= status < 500:
             errors = body.get("errors") if isinstance(body, dict) else None
-            listed = "".join(f"\n  line {e.get('line')}: {e.get('path')}: {e.get('message')}" for e in errors[:20]) \
-                if errors else ""
-            raise ClientError(f"refused: {detail}{listed}", code=EXIT_REFUSED, status=status, body=body)
+            raise ClientError(f"refused: {detail}{refused_lines(errors or [])}", code=EXIT_REFUSED, status=status,
+                              body=body)
         raise ClientError(f"the server failed ({status}): {detail}", code=EXIT_UNAVAILABLE, status=status, body=body,
                           hint="try again later; if it persists, tell your Carousel operator")
 

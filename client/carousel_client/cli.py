@@ -183,9 +183,8 @@ def _refused_where(exc, origins):
         index = e.get("index")
         return origins[index] if isinstance(index, int) and 0 <= index < len(origins) else f"line {e.get('line')}"
 
-    listed = "".join(f"\n  {where(e)}: {e.get('path')}: {e.get('message')}" for e in errors[:20])
-    return ClientError(exc.message.split("\n", 1)[0] + listed, hint=exc.hint, code=exc.code, status=exc.status,
-                       body=exc.body)
+    return ClientError(exc.message.split("\n", 1)[0] + api.refused_lines(errors, where), hint=exc.hint,
+                       code=exc.code, status=exc.status, body=exc.body)
 
 
 def _text(data, name):
