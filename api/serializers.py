@@ -131,6 +131,23 @@ class RequestSerializer(serializers.ModelSerializer):
         return _where(obj.state, obj.path, obj.staged_path, obj.destination, obj.destination_layout)[0]
 
 
+class OutlookSerializer(serializers.Serializer):
+    reasons = serializers.ListField(child=serializers.CharField(), help_text="why not yet, as the pages say it")
+    eta_s = serializers.ListField(child=serializers.FloatField(allow_null=True), min_length=2, max_length=2,
+                                  allow_null=True, help_text=(
+                                      "[earliest, latest] seconds from now until it should be back (latest null: "
+                                      "no upper bound yet); null: no basis (not located, or finished)"))
+    ahead = serializers.IntegerField(allow_null=True, help_text="about how many files go before it; null: unknown")
+
+
+class RequestDetailSerializer(RequestSerializer):
+    outlook = OutlookSerializer(read_only=True, help_text="where it stands and why not yet, as its page shows")
+
+    class Meta(RequestSerializer.Meta):
+        fields = [*RequestSerializer.Meta.fields, "outlook"]
+        read_only_fields = fields
+
+
 def _where(state, path, staged_path, destination, layout):
     """(kind, place) of a restored file, (None, None) for any other."""
     if state != RequestState.DONE:
@@ -295,9 +312,10 @@ class StateCountsSerializer(serializers.Serializer):
 class BulkDetailSerializer(BulkSerializer):
     states = StateCountsSerializer(read_only=True, help_text="the submission's requests per state")
     requests_url = serializers.CharField(read_only=True, help_text="its requests, in the request list")
+    summary_url = serializers.CharField(read_only=True, help_text="its progress, estimate and reasons in one answer")
 
     class Meta(BulkSerializer.Meta):
-        fields = [*BulkSerializer.Meta.fields, "states", "requests_url"]
+        fields = [*BulkSerializer.Meta.fields, "states", "requests_url", "summary_url"]
         read_only_fields = fields
 
 
@@ -373,5 +391,9 @@ class StagerHealthSerializer(serializers.Serializer):
     disk_free_bytes = serializers.IntegerField(allow_null=True)
     disk_total_bytes = serializers.IntegerField(allow_null=True)
     paused = serializers.BooleanField()
+    last_cycle_at = serializers.DateTimeField(allow_null=True, help_text="when the loop last ran a cycle")
+    last_cycle_error = serializers.CharField(allow_blank=True, help_text=(
+        "why the last cycle failed (empty: it did not); to a user who may not see every request, only that it "
+        "failed"))
     retry_queue = serializers.IntegerField()
     quarantined_tapes = QuarantinedTapeSerializer(many=True)

@@ -107,7 +107,7 @@ class RequestListCreate(generics.ListAPIView):
 
 
 class RequestDetail(generics.RetrieveAPIView):
-    serializer_class = s.RequestSerializer
+    serializer_class = s.RequestDetailSerializer
 
     def get_queryset(self):
         return selectors.visible_requests(self.request.user).select_related("tape", "user")
@@ -118,7 +118,7 @@ class RequestDetail(generics.RetrieveAPIView):
                            RestoreRequest.objects.select_related("tape", "user"))
         outlook = estimates.request_outlooks([req], user=req.user,
                                              ctx=estimates.queue_context(user=req.user, now=timezone.now()))[req.id]
-        body = self.get_serializer(req).data
+        body = s.RequestSerializer(req, context=self.get_serializer_context()).data
         body["outlook"] = {"reasons": list(outlook.reasons), "eta_s": outlook.eta and list(outlook.eta),
                            "ahead": outlook.ahead}
         return Response(body)
