@@ -528,3 +528,16 @@ def test_a_poll_answer_that_is_not_a_mapping_is_no_answer_and_the_cycle_goes_on(
     stager.garbage, stager.answer = False, "done"
     run_cycle(now=now + 20 * SECOND, stager=stager)
     assert RestoreRequest.objects.get(path="/garbage/a").state == "done"
+
+
+def test_the_native_release_takes_as_many_paths_as_a_cancel(alice, as_alice, now):
+    """requests/release/ refused more than 10,000 paths (400) where requests/cancel/ and the
+    Tape REST release take a whole submission's (CAROUSEL_MAX_PATHS_PER_SUBMISSION): an evict of a
+    big stage request through the native API had to be cut in pieces nobody documented."""
+    restore_submit(user=alice, now=now, paths=["/rel/many/0", "/rel/many/1"], pin_lifetime=HOUR)
+    restored(FlakyStager(), now)
+    paths = [f"/rel/many/{i}" for i in range(12_000)]
+    answer = as_alice.post("/api/v1/requests/release/", {"paths": paths}, format="json")
+    assert answer.status_code == 200, answer.content[:300]
+    assert answer.json() == {"released": 2}
+    assert not RestoreRequest.objects.filter(pin_until__isnull=False).exists()
