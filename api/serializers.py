@@ -55,7 +55,10 @@ class SubmitSerializer(StrictSerializer):
     pin_lifetime = serializers.DurationField(required=False, allow_null=True, default=None,
                                              min_value=MIN_PIN_LIFETIME, max_value=MAX_PIN_LIFETIME,
                                              help_text="How long the restored copy stays on disk: "
-                                                       "ISO 8601 (PT1H) or seconds; from 1 second to 365 days.")
+                                                       "ISO 8601 (PT1H) or seconds; from 1 second to 365 days.",
+                                             # DRF's own message names only Django's "[DD] [HH:[MM:]]ss" form.
+                                             error_messages={"invalid": "not a duration: give one in ISO 8601, "
+                                                             "such as PT12H or P7D, or in seconds, such as 3600."})
     notify = serializers.BooleanField(default=False)
     label = serializers.CharField(max_length=255, required=False, allow_blank=True, default="",
                                   help_text="Your own name for the submission (list bulks with ?label=).")

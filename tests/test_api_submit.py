@@ -103,7 +103,8 @@ def test_it_refuses_paths_that_are_not_a_list(as_alice):
 @pytest.mark.parametrize("field,value,message", [
     ("priority", 4, "priority: Ensure this value is less than or equal to 3."),
     ("deadline", "yesterday", "deadline: Datetime has wrong format"),
-    ("pin_lifetime", "forever", "pin_lifetime: Duration has wrong format"),
+    ("pin_lifetime", "forever", "pin_lifetime: not a duration: give one in ISO 8601, such as PT12H or P7D, or in "
+                                "seconds, such as 3600."),
 ])
 def test_it_refuses_bad_options(as_alice, field, value, message):
     r = as_alice.post(URL, {"paths": ["/a"], field: value}, format="json")
