@@ -347,6 +347,16 @@ def test_wait_refuses_pauses_and_timeouts_that_are_not_positive_seconds(scripted
     assert option[0] in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("limit", ["-1", "ten", "2.5"])
+def test_ls_refuses_a_limit_that_is_not_a_count(scripted, capsys, limit):
+    """`carousel ls --limit -1` showed one row."""
+    _, seen, _ = scripted
+    with pytest.raises(SystemExit) as stopped:
+        client_cli.main(["ls", "--limit", limit])
+    assert stopped.value.code == client_api.EXIT_USAGE and seen == []
+    assert "--limit" in capsys.readouterr().err
+
+
 def test_why_takes_a_path_or_a_request_id_and_offers_to_submit_only_paths(scripted, capsys):
     answers, seen, _ = scripted
     assert client_cli.main(["why", "351"]) == client_api.EXIT_NOT_FOUND

@@ -49,6 +49,17 @@ def _timeout(text):
     return _seconds(text, zero=True)
 
 
+def _count(text):
+    """A number of rows for --limit: a whole number, 0 for all (-1 showed one row)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 0 (0: all)")
+    return value
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="carousel", description="Restore files from tape through Carousel.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,7 +100,7 @@ def build_parser():
     ls.add_argument("--since", help="created at or after (ISO 8601)")
     ls.add_argument("--until", help="created before (ISO 8601)")
     ls.add_argument("--path", help="path contains this text")
-    ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100; 0: all)")
+    ls.add_argument("--limit", type=_count, default=100, help="at most this many (default 100; 0: all)")
 
     cancel = commands.add_parser("cancel", help="cancel a submission, requests or paths (your own requests for "
                                                 "a path, also files still being queued)")
