@@ -3,6 +3,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.core.cache import cache
 from django.utils import timezone
 
 from carousel.grid import door as grid
@@ -64,6 +65,20 @@ def test_timestamps_are_seconds(as_alice):
     rid = stage(as_alice, ["/d/a"]).json()["requestId"]
     created = poll(as_alice, rid).json()["createdAt"]
     assert abs(created - timezone.now().timestamp()) < 60
+
+
+def test_a_stage_requests_started_at_does_not_move(as_alice, alice, now):
+    """The request's startedAt was its creation until a file went to the stager, then that
+    file's moment (and again if that file was sent anew): a client that keeps the first value
+    it saw and one that reads the last disagreed about one request."""
+    rid = stage(as_alice, ["/d/a", "/d/b"]).json()["requestId"]
+    before = poll(as_alice, rid).json()["startedAt"]
+    RestoreRequest.objects.filter(path="/d/a").update(state=S.SUBMITTED, submitted_at=now + timedelta(hours=1),
+                                                      job=_job(now))
+    cache.clear()  # the poll's kept answer (CAROUSEL_TAPE_REST_POLL_CACHE_S): an update() does not drop it
+    body = poll(as_alice, rid).json()
+    assert body["startedAt"] == before == body["createdAt"]
+    assert {f["path"]: f.get("startedAt") for f in body["files"]}["/d/a"] == int((now + timedelta(hours=1)).timestamp())
 
 
 def test_n_files_mean_n_stages_of_one(as_alice, alice):

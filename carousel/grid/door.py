@@ -177,7 +177,6 @@ def stage_status(bulk):
     rows = (RestoreRequest.objects.filter(selectors.in_bulk(bulk)).order_by("id")
             .values_list("path", "state", "submitted_at", "started_at", "finished_at", "last_error"))
     files = []
-    first_start = None
     last_finish = None
     unfinished = False
     for path, state, submitted_at, started_at, finished_at, last_error in rows:
@@ -194,16 +193,15 @@ def stage_status(bulk):
         if tape_state == "FAILED":
             entry["error"] = last_error or ("deadline passed before the file was restored" if state == S.EXPIRED
                                             else "the file could not be restored")
-        if began:
-            first_start = min(first_start or began, began)
         files.append(entry)
     if waiting:
         listed = {f["path"] for f in files}
         files.extend({"path": path, "state": "SUBMITTED"} for path in waiting if path not in listed)
         unfinished = True
     body = {"id": str(bulk.id), "createdAt": _seconds(bulk.created_at),
-            # Carousel takes a request in hand as it arrives: queued is already started.
-            "startedAt": _seconds(first_start or bulk.created_at)}
+            # Carousel takes a request in hand as it arrives: queued is already started. (Its
+            # files' first moment at the stager moved it, and a file sent anew moved it again.)
+            "startedAt": _seconds(bulk.created_at)}
     if files and not unfinished:
         body["completedAt"] = _seconds(last_finish)
     body["files"] = files
