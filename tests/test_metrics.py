@@ -157,6 +157,18 @@ def test_access_by_network_or_token(settings, db):
     assert client.get("/metrics", REMOTE_ADDR="192.0.2.1", HTTP_AUTHORIZATION="Bearer ").status_code == 403
 
 
+@pytest.mark.parametrize("method", ["post", "put", "delete", "patch"])
+def test_metrics_are_only_read(settings, db, method):
+    """A POST from an allowed network was answered with the metrics (200), and a browser's
+    (CSRF checks on) with CSRF's 403: the page is read with GET or HEAD, anything else is a 405
+    naming them."""
+    settings.CAROUSEL_METRICS_ALLOW = ["10.0.0.0/8"]
+    for client in (Client(), Client(enforce_csrf_checks=True)):
+        answer = getattr(client, method)("/metrics", REMOTE_ADDR="10.1.2.3")
+        assert answer.status_code == 405 and answer["Allow"] == "GET, HEAD", (method, answer.status_code)
+    assert Client().head("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 200
+
+
 # The production shape ------------------------------------------------------------------------
 
 def _free_port():

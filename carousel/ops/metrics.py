@@ -15,6 +15,8 @@ from django.db import connection
 from django.db.models import Case, F, When
 from django.http import HttpResponse
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -182,6 +184,10 @@ def allowed(request):
     return any(address in ipaddress.ip_network(net, strict=False) for net in settings.CAROUSEL_METRICS_ALLOW)
 
 
+# Read only: GET and HEAD (a scrape), anything else a 405, before CSRF's 403 for a POST without
+# its token (nothing here takes a form).
+@csrf_exempt
+@require_safe
 def metrics_view(request):
     if not allowed(request):
         return HttpResponse("metrics: not from an allowed network and no valid token (CAROUSEL_METRICS_ALLOW, "
