@@ -105,6 +105,34 @@ def test_disk_lifetime_and_targeted_metadata_are_kept_unknown_fields_ignored(as_
     assert set(RestoreRequest.objects.values_list("pin_lifetime", flat=True)) == {timedelta(hours=2)}
 
 
+@pytest.mark.parametrize("activities, where", [
+    ([{"BNL-TAPE": {"activity": "Express"}}, {"BNL-TAPE": {"activity": "Bulk"}}],
+     "files[1]: activity 'Bulk' differs from files[0]'s 'Express'"),
+    ([{"default": {"activity": "Express"}}, {"default": {"activity": "Bulk"}, "BNL-TAPE": {"activity": "Express"}},
+      {"default": {"activity": "Bulk"}}], "files[2]: activity 'Bulk' differs from files[0]'s 'Express'"),
+    ([{"BNL-TAPE": {"activity": "x" * 129}}], "files[0].targetedMetadata.BNL-TAPE.activity: expected an activity"),
+    ([{}, {"default": {"activity": 7}}], "files[1].targetedMetadata.default.activity: expected an activity"),
+    ([{"default": {"activity": " "}}], "files[0].targetedMetadata.default.activity: expected an activity"),
+])
+def test_activities_that_cannot_all_be_kept_are_refused_and_nothing_stored(as_alice, settings, activities, where):
+    """The first file's activity was applied to every file, a name past 128 characters was cut
+    and one that is not a string ignored, each without a word: now a 400 problem naming the file."""
+    settings.CAROUSEL_TAPE_REST_SITENAME = "BNL-TAPE"
+    files = [{"path": f"/d/{i}", "targetedMetadata": meta} for i, meta in enumerate(activities)]
+    r = as_alice.post(f"{BASE}/stage", {"files": files}, format="json")
+    assert r.status_code == 400 and r["Content-Type"] == "application/problem+json", r.content
+    assert where in r.json()["detail"], r.json()
+    assert not RestoreRequest.objects.exists() and not Bulk.objects.exists()
+
+
+def test_a_file_without_an_activity_takes_the_requests(as_alice, settings):
+    settings.CAROUSEL_TAPE_REST_SITENAME = "BNL-TAPE"
+    files = [{"path": "/d/a"}, {"path": "/d/b", "targetedMetadata": {"BNL-TAPE": {"activity": "Express"}}},
+             {"path": "/d/c", "targetedMetadata": {"BNL-TAPE": {"activity": "Express"}}}]
+    assert as_alice.post(f"{BASE}/stage", {"files": files}, format="json").status_code == 201
+    assert list(Bulk.objects.values_list("activity", flat=True)) == ["Express"]  # the name given, for every file
+
+
 @pytest.mark.parametrize("body, where", [
     ("not json", "JSON parse error"),
     ([], "JSON object"),

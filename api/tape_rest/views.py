@@ -150,7 +150,7 @@ def _stage_files(body, sitename):
     files = body.get("files")
     if not isinstance(files, list) or not files:
         raise grid.InvalidSubmission('files: expected a non-empty list such as {"files": [{"path": "/a/b"}]}')
-    paths, lifetimes, metadata, activity, behalf = [], [], {}, "", set()
+    paths, lifetimes, metadata, activity, behalf = [], [], {}, None, set()
     for index, f in enumerate(files):
         if not isinstance(f, dict) or "path" not in f:
             raise grid.InvalidSubmission(f'files[{index}]: expected an object with a "path"')
@@ -164,9 +164,14 @@ def _stage_files(body, sitename):
         if meta:
             kept = {k: v for k, v in meta.items() if k in ("default", sitename)}
             metadata = metadata or kept
-            for part in (meta.get(sitename), meta.get("default")):
-                if isinstance(part, dict) and isinstance(part.get("activity"), str):
-                    activity = activity or part["activity"]
+            named = _file_activity(index, meta, sitename)
+            if named and activity and named != activity[1]:
+                # One submission has one activity; the first file's was applied to all.
+                raise grid.InvalidSubmission(
+                    f"files[{index}]: activity {named[:50]!r} differs from files[{activity[0]}]'s "
+                    f"{activity[1][:50]!r}: one activity for every file of a stage request (send one "
+                    "request per activity)")
+            activity = activity or ((index, named) if named else None)
             mine = meta.get(sitename)
             who = mine.get("on_behalf_of") if isinstance(mine, dict) else None
             if who is not None and not (isinstance(who, str) and who):
@@ -177,7 +182,23 @@ def _stage_files(body, sitename):
     if len(behalf) > 1:
         raise grid.InvalidSubmission(f"targetedMetadata.{sitename}.on_behalf_of: one user name for every file")
     return grid.StageFiles(paths=paths, pin_lifetime=max(lifetimes) if lifetimes else None, metadata=metadata,
-                           activity=activity, on_behalf_of=behalf.pop() if behalf else "")
+                           activity=activity[1] if activity else "", on_behalf_of=behalf.pop() if behalf else "")
+
+
+def _file_activity(index, meta, sitename):
+    """The activity one file's targetedMetadata names (this site's key first, then Rucio's
+    "default"), or ""; a file without one takes the request's."""
+    for key in (sitename, "default"):
+        part = meta.get(key)
+        if not isinstance(part, dict) or part.get("activity") is None:
+            continue
+        name = part["activity"]
+        if not (isinstance(name, str) and name.strip() and len(name) <= 128 and name.isprintable()):
+            # It was cut to 128 characters, or left out when not a string, without a word.
+            raise grid.InvalidSubmission(f"files[{index}].targetedMetadata.{key}.activity: expected an activity "
+                                         "name of at most 128 printable characters, e.g. \"Express\"")
+        return name
+    return ""
 
 
 class Stage(TapeRestView):

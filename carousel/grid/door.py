@@ -79,7 +79,7 @@ def submission_create(*, submitter, on_behalf_of=None, paths, now, group=None, m
     """A submission through either door: restore_submit for the user it is for, remembering the
     service account that sent it and what the grid said of it (one transaction)."""
     user = acting_user(user=submitter, on_behalf_of=on_behalf_of)
-    result = services.restore_submit(user=user, paths=paths, now=now, group=group, activity=activity[:128],
+    result = services.restore_submit(user=user, paths=paths, now=now, group=group, activity=activity,
                                      **options)
     extra = {}
     if user.pk != submitter.pk:
