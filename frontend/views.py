@@ -7,7 +7,6 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest
 from django.shortcuts import redirect, render
-from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -28,6 +27,7 @@ from carousel.tasks import withdraw_on_commit
 
 from . import charts
 from .forms import RequestFilter, RestoreForm, parse_ids
+from .templatetags.carousel_ui import size
 
 PAGE_SIZE = 50
 SUBMISSIONS_SHOWN = 10
@@ -199,7 +199,7 @@ def _live_context(user):
     return {
         "f": figures, "operator": operator, "poll_s": LIVE_POLL_S, "jobs_shown": JOBS_SHOWN,
         "charts": [charts.bar_chart("Files restored per hour", hours, series("files")),
-                   charts.bar_chart("Bytes restored per hour", hours, series("bytes"), fmt=filesizeformat),
+                   charts.bar_chart("Bytes restored per hour", hours, series("bytes"), fmt=size),
                    charts.bar_chart("Mounts per hour", hours, series("mounts")),
                    charts.bar_chart("Errors per hour (failed or retried)", hours, series("errors"))],
     }

@@ -157,6 +157,21 @@ def test_the_page_and_its_csv(history, client, alice, operator):
     assert client.get("/usage/", {"since": day, "until": "2000-01-01"}).status_code == 400
 
 
+def test_the_page_gives_sizes_as_the_command_does(history, client, alice):
+    """The pages counted bytes in 1,024s (Django's filesizeformat) under the names `carousel`
+    uses for 1,000s: one file was 1.4 GB on a page and 1.5 GB in the command."""
+    from carousel_client.cli import _size
+
+    from frontend.templatetags.carousel_ui import size
+
+    day = history.date().isoformat()
+    client.force_login(alice)
+    text = client.get("/usage/", {"since": day, "until": day}).content.decode()
+    assert f"{_size(_bytes(alice, state='done'))}<" in text
+    for n in (0, 999, 1_000, 1_500_000_000, 2_000_000_000_000, 5 * 10**15, None):
+        assert size(n) == ("" if n is None else _size(n))
+
+
 def test_the_usage_trigger_counts_waits_in_the_models_buckets(db):
     """The trigger carries a frozen copy of WAIT_BUCKETS_S (its migration's): the one installed
     agrees with the model."""

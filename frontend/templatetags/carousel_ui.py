@@ -44,6 +44,20 @@ def eta(span):
 
 
 @register.filter
+def size(n):
+    """Bytes in decimal units, as `carousel` prints them ("1.5 GB" for 1,500,000,000): Django's
+    filesizeformat counts in 1,024s under the same names, so one file read 1.4 GB on the pages
+    and 1.5 GB in the command (tape capacities are decimal too)."""
+    if n is None or n == "":
+        return ""
+    n = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+@register.filter
 def percent(fraction):
     if fraction is None:
         return ""
