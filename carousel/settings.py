@@ -261,6 +261,7 @@ SPECTACULAR_SETTINGS = {
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT = None
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
 else:
     _queue_dir = VAR_DIR / "celery-queue"
@@ -270,6 +271,9 @@ else:
     for _dir in (_queue_dir, _control_dir):
         _dir.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
+    # kombu's filesystem transport, with each message visible only once written whole (a worker
+    # could take one half written, lose it and stop: carousel/infra/fsbroker.py).
+    CELERY_BROKER_TRANSPORT = "carousel.infra.fsbroker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
