@@ -306,6 +306,17 @@ def test_archiveinfo_answers_from_what_carousel_knows_and_asks_the_stager_once_f
     assert len(stager.calls) == 1
 
 
+def test_archiveinfo_names_each_path_as_it_was_sent(as_alice, now):
+    """"//k//one" was answered as "/k/one": a client matching the answers to its paths by their
+    text found none for it."""
+    FileLocation.objects.create(path="/k/one", path_key=path_key("/k/one"), tape=Tape.objects.create(label="K1"),
+                                position=0, size=1, located_at=now)
+    body = as_alice.post(f"{BASE}/archiveinfo", {"paths": ["//k//one", "/k/one", "/k/./one", "rel"]},
+                         format="json").json()
+    assert [e["path"] for e in body] == ["//k//one", "/k/one", "/k/./one", "rel"]
+    assert [e.get("locality") for e in body] == ["TAPE", "TAPE", None, None] and "error" in body[2]
+
+
 @pytest.mark.parametrize("slash", ["", "/"])
 def test_archiveinfo_route_gives_a_locality_for_known_paths(as_alice, now, slash):
     tape = Tape.objects.create(label="T1")

@@ -303,11 +303,13 @@ def archive_info(*, paths, now, refused=None, stager=None, wait_s=ARCHIVEINFO_WA
     in time is recorded (FileLocation), the rest is answered NOT_KNOWN_YET and left to the loop
     (WantedLocation). `refused(normalised paths)` gives {path: reason} for those the caller may
     not poll: they get that error and are not looked up. Every entry has `locality` or `error`."""
+    # Each entry names the path as it was sent (a client matches the answers to its paths by
+    # their text: "//a//b" answered as "/a/b" was found by none); the lookups use it normalised.
     answers = []
     keys = {}
     for raw in path_list(paths):
         path, message = check_path(raw, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
-        answers.append({"path": raw, "error": message} if message else {"path": path})
+        answers.append(({"path": raw, "error": message}, None) if message else ({"path": raw}, path))
         if not message:
             keys[path_key(path)] = path
     not_yours = refused(list(dict.fromkeys(keys.values()))) if refused and keys else {}
@@ -323,10 +325,9 @@ def archive_info(*, paths, now, refused=None, stager=None, wait_s=ARCHIVEINFO_WA
                    .values_list("path_key", "last_error"))
     never_seen = sorted(p for k, p in keys.items() if k not in located and k not in missing)
     asked = _ask_stager(never_seen, now=now, stager=stager, wait_s=wait_s) if never_seen else {}
-    for entry in answers:
+    for entry, path in answers:
         if "error" in entry:
             continue
-        path = entry["path"]
         key = path_key(path)
         if path in not_yours:
             entry["error"] = not_yours[path]
@@ -336,7 +337,7 @@ def archive_info(*, paths, now, refused=None, stager=None, wait_s=ARCHIVEINFO_WA
             entry["error"] = missing[key] or "no such file"
         else:
             entry.update(asked.get(path) or {"error": NOT_KNOWN_YET})
-    return answers
+    return [entry for entry, _ in answers]
 
 
 def _ask_stager(paths, *, now, stager, wait_s):
