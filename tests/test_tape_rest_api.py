@@ -125,6 +125,19 @@ def test_activities_that_cannot_all_be_kept_are_refused_and_nothing_stored(as_al
     assert not RestoreRequest.objects.exists() and not Bulk.objects.exists()
 
 
+def test_targeted_metadata_past_what_is_kept_is_refused(as_alice, settings):
+    """The metadata kept with a stage request had no bound: 20 MB of it were stored, from any user."""
+    settings.CAROUSEL_TAPE_REST_SITENAME = "BNL-TAPE"
+    big = {"BNL-TAPE": {"activity": "Express", "junk": "x" * 20_000}}
+    r = as_alice.post(f"{BASE}/stage", {"files": [{"path": "/d/a", "targetedMetadata": big}]}, format="json")
+    assert r.status_code == 400 and "files[0].targetedMetadata: what is kept" in r.json()["detail"]
+    assert not Bulk.objects.exists()
+    # Another site's key is not kept, whatever its size.
+    other = {"OTHER": {"junk": "x" * 20_000}, "default": {"activity": "Express"}}
+    assert as_alice.post(f"{BASE}/stage", {"files": [{"path": "/d/a", "targetedMetadata": other}]},
+                         format="json").status_code == 201
+
+
 def test_a_file_without_an_activity_takes_the_requests(as_alice, settings):
     settings.CAROUSEL_TAPE_REST_SITENAME = "BNL-TAPE"
     files = [{"path": "/d/a"}, {"path": "/d/b", "targetedMetadata": {"BNL-TAPE": {"activity": "Express"}}},

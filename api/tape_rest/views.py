@@ -146,6 +146,10 @@ def _disk_lifetime(index, value):
     return parsed
 
 
+# The targetedMetadata kept with a stage request (Rucio's activity and kin are a few dozen bytes).
+METADATA_KEPT_MAX = 16 * 1024
+
+
 def _stage_files(body, sitename):
     files = body.get("files")
     if not isinstance(files, list) or not files:
@@ -163,6 +167,11 @@ def _stage_files(body, sitename):
             raise grid.InvalidSubmission(f"files[{index}].targetedMetadata: expected an object")
         if meta:
             kept = {k: v for k, v in meta.items() if k in ("default", sitename)}
+            if not metadata and len(json.dumps(kept)) > METADATA_KEPT_MAX:
+                # It is stored with the request: 20 MB of it were, from any user.
+                raise grid.InvalidSubmission(
+                    f"files[{index}].targetedMetadata: what is kept (this site's key and 'default') is more than "
+                    f"{METADATA_KEPT_MAX:,} bytes as JSON")
             metadata = metadata or kept
             named = _file_activity(index, meta, sitename)
             if named and activity and named != activity[1]:
