@@ -95,8 +95,20 @@ class Singleton(models.Model):
         table = connection.ops.quote_name(cls._meta.db_table)
         for row in cls.objects.raw(f"SELECT * FROM {table} WHERE id = %s", [1]):
             return row
-        obj, _ = cls.objects.get_or_create(id=1)
-        return obj
+        # Missing: made here, on first use. Inside one REPEATABLE READ snapshot (a page's reads,
+        # db.one_snapshot) a row another process made after the snapshot is neither seen nor
+        # insertable (get_or_create's insert met it and its look-up again did not see it: an
+        # IntegrityError, a 500), and a read must not write: such a read gets the row's defaults,
+        # which is what that snapshot holds.
+        if connection.vendor == "postgresql" and connection.in_atomic_block:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT current_setting('transaction_isolation')")
+                if cursor.fetchone()[0] != "read committed":
+                    return cls(id=1)
+        cls.objects.bulk_create([cls(id=1)], ignore_conflicts=True)  # a concurrent first use made it too
+        for row in cls.objects.raw(f"SELECT * FROM {table} WHERE id = %s", [1]):
+            return row
+        return cls(id=1)
 
 
 DAY = 86400.0

@@ -60,3 +60,32 @@ def test_the_rows_read_back_as_stored_on_the_embedded_sqlite_default(tmp_path):
     done = subprocess.run([sys.executable, "-c", SQLITE], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "read back OK" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_snapshot_read_made_before_the_row_exists_gives_its_defaults(transactional_db):
+    """A page's reads share one REPEATABLE READ snapshot (db.one_snapshot). When the loop made
+    the missing row after that snapshot was taken, get_or_create's insert met it and its look-up
+    again could not see it: an IntegrityError, a 500 of a submission's summary (seen in the suite).
+    Such a read now gives the row's defaults and writes nothing."""
+    import threading
+
+    from django.db import connection
+
+    from carousel.infra import db
+
+    StagerHealth.objects.all().delete()
+    with db.one_snapshot():
+        Control.get()  # the snapshot is taken at the first statement
+
+        def the_loop():
+            try:
+                StagerHealth.get()  # another connection makes the row, and commits
+            finally:
+                connection.close()
+
+        other = threading.Thread(target=the_loop)
+        other.start()
+        other.join()
+        health = StagerHealth.get()
+        assert health.pk == 1 and health.state == "healthy"
+    assert StagerHealth.objects.count() == 1
