@@ -173,8 +173,32 @@ class ControlAdmin(ChecksSelection, admin.ModelAdmin):
         return False
 
 
+class RestoreRequestForm(forms.ModelForm):
+    """What an operator edits, checked as a submission checks it (services.request_options_check)."""
+
+    def clean(self):
+        data = super().clean()
+        changed = set(self.changed_data)
+        # Only what changes is checked: an unchanged deadline may have passed, a destination's
+        # root may have gone since.
+        given = {name: data.get(name) for name in ("priority", "deadline", "pin_lifetime", "destination")
+                 if name in changed and name in data}
+        try:
+            destination = services.request_options_check(
+                user=self.instance.user, now=timezone.now(), priority=given.get("priority", 0),
+                deadline=given.get("deadline"), pin_lifetime=given.get("pin_lifetime"),
+                destination=given.get("destination") or "")
+        except (services.InvalidSubmission, services.NotAllowed) as exc:
+            field = next((f for f in given if str(exc).startswith(f)), None)
+            raise ValidationError({field: str(exc)} if field else str(exc)) from None
+        if given.get("destination"):
+            data["destination"] = destination
+        return data
+
+
 @admin.register(RestoreRequest)
 class RestoreRequestAdmin(ChecksSelection, admin.ModelAdmin):
+    form = RestoreRequestForm
     list_display = ["id", "path", "user", "state", "priority", "tape", "attempts", "error_class", "created_at",
                     "finished_at"]
     list_filter = ["state", "error_class", "priority"]
@@ -301,8 +325,22 @@ class RetryQueueAdmin(ChecksSelection, admin.ModelAdmin):
         return False
 
 
+class LoopsRecord:
+    """Rows the loop and the doors keep (their counts, keys and states follow what happened):
+    shown, never added or changed by hand (a forged submission of 1,000 files showed as finished
+    in its owner's list; a location whose key was not its path's was kept)."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(FileLocation)
-class FileLocationAdmin(ChecksSelection, admin.ModelAdmin):
+class FileLocationAdmin(LoopsRecord, ChecksSelection, admin.ModelAdmin):
+    """Deleting a wrong location stays possible: the file is located again when next asked for."""
+
     list_display = ["path", "tape", "position", "size", "located_at"]
     search_fields = ["path", "tape__label"]
     raw_id_fields = ["tape"]
@@ -323,9 +361,12 @@ class TapeMapEntryAdmin(ChecksSelection, admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # read only, as the README says: loading a map changes it
+
 
 @admin.register(Bulk)
-class BulkAdmin(ChecksSelection, admin.ModelAdmin):
+class BulkAdmin(LoopsRecord, ChecksSelection, admin.ModelAdmin):
     list_display = ["id", "user", "created_at", "files", "created"]
     search_fields = ["id", "user__username"]
     raw_id_fields = ["user", "submitter"]

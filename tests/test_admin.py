@@ -181,3 +181,50 @@ def test_one_who_may_change_a_token_sees_its_key(client, alice):
     as_changer = _token_viewer(client, change=True)
     for url in ("/admin/authtoken/tokenproxy/", f"/admin/authtoken/tokenproxy/{alice.pk}/change/"):
         assert key in as_changer.get(url).content.decode(), url
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("pin_lifetime", "99999999 00:00:00", "pin_lifetime must be a duration from"),
+    ("pin_lifetime", "0", "pin_lifetime must be a duration from"),
+    ("destination", "relative/dir", "destination:"),
+    ("destination", "/anywhere/not/a/root", "destination:"),
+    ("priority", "9", "priority must be an integer from 0 to 3"),
+])
+def test_a_requests_options_edited_in_the_admin_are_checked_as_a_submission_checks_them(as_staff, alice, now,
+                                                                                    field, value, says):
+    """The admin saved a pin of 99,999,999 days (every cycle then stopped on it), a relative
+    destination (the request was reported delivered there) and a priority of 9 (a constraint's
+    name for an error): each is refused as a submission refuses it, and nothing is stored."""
+    restore_submit(user=alice, now=now, paths=["/adm/a"])
+    req = RestoreRequest.objects.get()
+    url = f"/admin/carousel/restorerequest/{req.pk}/change/"
+    form = {"priority": "0", "deadline_0": "", "deadline_1": "", "pin_lifetime": "", "destination": ""}
+    form[field] = value
+    answer = as_staff.post(url, form)
+    assert answer.status_code == 200 and says in answer.content.decode(), answer.content.decode()[-3000:]
+    req.refresh_from_db()
+    assert (req.priority, req.pin_lifetime, req.destination) == (0, None, "")
+    form = {"priority": "2", "deadline_0": "", "deadline_1": "", "pin_lifetime": "1 00:00:00", "destination": ""}
+    assert as_staff.post(url, form).status_code == 302
+    req.refresh_from_db()
+    assert (req.priority, req.pin_lifetime.days) == (2, 1)
+
+
+@pytest.mark.parametrize("url", ["/admin/carousel/bulk/add/", "/admin/carousel/filelocation/add/"])
+def test_the_loops_records_cannot_be_forged_in_the_admin(as_staff, url):
+    """A submission of 1,000 files for bob, made in the admin, showed as finished in his list."""
+    assert as_staff.get(url).status_code == 403
+    assert as_staff.post(url, {"files": "1000"}).status_code == 403
+
+
+def test_a_submission_is_shown_not_changed_and_the_tape_map_not_deleted(as_staff, alice, now):
+    from carousel.models import Bulk, TapeMapEntry, path_key
+
+    bulk = restore_submit(user=alice, now=now, paths=["/adm/b"]).bulk
+    url = f"/admin/carousel/bulk/{bulk.pk}/change/"
+    assert as_staff.get(url).status_code == 200  # shown
+    as_staff.post(url, {"files": "1000", "user": alice.pk})
+    assert Bulk.objects.get(pk=bulk.pk).files == 1
+    entry = TapeMapEntry.objects.create(path="/m/a", path_key=path_key("/m/a"), tape="M1", ordinal=1, loaded_at=now)
+    assert as_staff.get(f"/admin/carousel/tapemapentry/{entry.pk}/delete/").status_code == 403
+    assert TapeMapEntry.objects.filter(pk=entry.pk).exists()

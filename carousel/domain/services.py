@@ -100,19 +100,12 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
         raise InvalidSubmission(
             f"{len(errors)} of {len(paths)} paths were rejected; nothing was stored. "
             "Fix or remove them and submit again.", errors=listed)
-    if not isinstance(priority, int) or not 0 <= priority <= 3:
-        raise InvalidSubmission("priority must be an integer from 0 to 3")
     if not isinstance(activity, str) or len(activity) > 128 or not activity.isprintable():
         raise InvalidSubmission("activity must be a name of at most 128 printable characters, e.g. \"Express\"")
-    if deadline is not None and deadline <= now:
-        raise InvalidSubmission("deadline is in the past")
-    if pin_lifetime is not None and not (isinstance(pin_lifetime, timedelta)
-                                         and MIN_PIN_LIFETIME <= pin_lifetime <= MAX_PIN_LIFETIME):
-        raise InvalidSubmission(f"pin_lifetime must be a duration from {MIN_PIN_LIFETIME} to "
-                                f"{MAX_PIN_LIFETIME.days} days")
     if destination_layout not in DestinationLayout.values:
         raise InvalidSubmission(f"destination_layout must be one of {', '.join(DestinationLayout.values)}")
-    destination = _allowed_destination(user, destination or "")
+    destination = request_options_check(user=user, now=now, priority=priority, deadline=deadline,
+                                        pin_lifetime=pin_lifetime, destination=destination)
     _check_targets(paths, clean, destination, destination_layout)
     _check_authorised(user, paths, clean)
 
@@ -168,6 +161,22 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
                                                                  if k in own), ids=False)
     shared = sum(1 for _, k in new if k in in_flight) if in_flight else 0
     return SubmitResult(bulk=bulk, files=len(clean), created=len(new), existing=len(own), shared=shared)
+
+
+def request_options_check(*, user, now, priority, deadline, pin_lifetime, destination):
+    """The options a request carries, checked as a submission checks them, wherever they are set
+    (restore_submit; the admin's edit of one request: a pin of 99,999,999 days stopped every
+    cycle, a relative destination was reported delivered). Returns the destination as stored;
+    raises InvalidSubmission or NotAllowed naming the option."""
+    if not isinstance(priority, int) or not 0 <= priority <= 3:
+        raise InvalidSubmission("priority must be an integer from 0 to 3")
+    if deadline is not None and deadline <= now:
+        raise InvalidSubmission("deadline is in the past")
+    if pin_lifetime is not None and not (isinstance(pin_lifetime, timedelta)
+                                         and MIN_PIN_LIFETIME <= pin_lifetime <= MAX_PIN_LIFETIME):
+        raise InvalidSubmission(f"pin_lifetime must be a duration from {MIN_PIN_LIFETIME} to "
+                                f"{MAX_PIN_LIFETIME.days} days")
+    return _allowed_destination(user, destination or "")
 
 
 def _allowed_destination(user, destination):
