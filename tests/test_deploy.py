@@ -3,6 +3,7 @@ settings for a TLS proxy, the account commands, the demo accounts' refusal, the 
 simulated library on every page."""
 import json
 import os
+import re
 import subprocess
 import sys
 from io import StringIO
@@ -167,6 +168,32 @@ def test_user_group_token_commands_are_idempotent_and_scriptable(db, monkeypatch
     assert not User.objects.filter(username="erin").exists()  # nothing half stored
     with pytest.raises(CommandError, match="no such user"):
         call_command("token", "nobody")
+
+
+@pytest.mark.parametrize("command, says", [
+    (["group", "gy", "--weight", "inf"], "weight must be a number greater than 0"),
+    (["group", "gx", "--weight", "nan"], "weight must be a number greater than 0"),
+    (["group", "gz", "--weight", "0"], "weight must be a number greater than 0"),
+    (["group", ""], "a group's name must be"),
+    (["group", "tab\there"], "a group's name must be"),
+    (["group", "g" * 151], "a group's name must be"),
+    (["group", "gw", "--inflight-cap", "-5"], "--inflight-cap must be 0 or more"),
+    (["user", ""], "a user name must be"),
+    (["user", "has space"], "Enter a valid username"),
+    (["user", "u" * 151], "a user name must be"),
+    (["user", "u1", "--email", "notanemail"], "Enter a valid email address"),
+    (["user", "u1", "--inflight-cap", "-3"], "--inflight-cap must be 0 or more"),
+    (["user", "u1", "--queued-ceiling", "-1"], "--queued-ceiling must be 0 or more"),
+])
+def test_the_account_commands_refuse_what_the_admin_refuses_and_store_nothing(db, command, says):
+    """`group gy --weight inf` was stored and stopped every cycle once its users had work; nan,
+    a negative cap, an empty or 300-character name, a name with a space or a tab and a bad e-mail
+    address were stored or gave a traceback."""
+    from django.contrib.auth.models import Group
+
+    with pytest.raises(CommandError, match=re.escape(says)):
+        call_command(*command)
+    assert not Group.objects.exists() and not User.objects.exists()
 
 
 def test_the_token_from_the_command_authenticates_the_api(db):

@@ -1,7 +1,11 @@
 """Users, groups and API tokens from the command line (manage.py user, group, token): each
 call states what should be, and running it again changes nothing, so a site can keep its
 accounts in a script."""
+import math
+
 from django.contrib.auth.models import Group, User
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
@@ -13,13 +17,28 @@ class AccountError(ValueError):
 
 
 @transaction.atomic
+def _check_name(what, name):
+    """A user's or group's name as the admin takes it: not empty, at most 150 characters, no
+    control character (the commands stored "", 300 characters and a tab)."""
+    if not name.strip() or len(name) > 150 or not name.isprintable():
+        raise AccountError(f"{what} must be 1 to 150 printable characters, got {name[:60]!r}")
+
+
+def _check_count(what, value):
+    if value is not None and value < 0:
+        raise AccountError(f"{what} must be 0 or more, got {value}")
+
+
 def ensure_group(name, *, weight=None, inflight_cap=None):
     """The group `name` with its share row; given values replace the stored ones."""
+    _check_name("a group's name", name)
+    # inf stopped every cycle (the sharing policy's arithmetic), nan was a database error.
+    if weight is not None and not (math.isfinite(weight) and weight > 0):
+        raise AccountError(f"weight must be a number greater than 0, got {weight}")
+    _check_count("--inflight-cap", inflight_cap)
     group, _ = Group.objects.get_or_create(name=name)
     share, _ = GroupShare.objects.get_or_create(group=group)
     changes = {k: v for k, v in (("weight", weight), ("inflight_cap", inflight_cap)) if v is not None}
-    if "weight" in changes and changes["weight"] <= 0:
-        raise AccountError(f"weight must be greater than 0, got {weight}")
     if changes:
         GroupShare.objects.filter(pk=share.pk).update(**changes)
     return group
@@ -31,6 +50,15 @@ def ensure_user(username, *, email=None, groups=None, staff=None, superuser=None
     """The user `username`. `groups` (names, existing ones) become exactly the user's groups,
     the first being the one whose share the user's requests draw on. Only what is given is
     changed; a new user without a password can log in with an API token only."""
+    _check_name("a user name", username)
+    try:
+        User.username_validator(username)  # what the admin and the login form take
+        if email is not None and email != "":
+            validate_email(email)
+    except ValidationError as exc:
+        raise AccountError(f"{username[:60]!r} / {email!r}: {' '.join(exc.messages)}") from None
+    _check_count("--inflight-cap", inflight_cap)
+    _check_count("--queued-ceiling", queued_ceiling)
     user, created = User.objects.get_or_create(username=username)
     if created and password is None:
         user.set_unusable_password()
