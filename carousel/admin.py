@@ -141,6 +141,11 @@ class ControlForm(forms.ModelForm):
             self.fields[field] = forms.ChoiceField(choices=[(n, n) for n in names],
                                                    help_text=self.fields[field].help_text)
 
+    def clean_policy_params(self):
+        # Cleared (or null): no parameters, as a new row has; it was a NOT NULL error, a 500.
+        value = self.cleaned_data.get("policy_params")
+        return {} if value is None or value == "" else value
+
 
 @admin.register(Control)
 class ControlAdmin(ChecksSelection, admin.ModelAdmin):

@@ -228,3 +228,40 @@ def test_a_submission_is_shown_not_changed_and_the_tape_map_not_deleted(as_staff
     entry = TapeMapEntry.objects.create(path="/m/a", path_key=path_key("/m/a"), tape="M1", ordinal=1, loaded_at=now)
     assert as_staff.get(f"/admin/carousel/tapemapentry/{entry.pk}/delete/").status_code == 403
     assert TapeMapEntry.objects.filter(pk=entry.pk).exists()
+
+
+@pytest.mark.parametrize("given", ["", "null"])
+def test_clearing_the_policy_parameters_means_none(as_staff, given):
+    """A cleared policy_params was a NOT NULL error, a 500."""
+    control = Control.get()
+    Control.objects.filter(id=1).update(policy_params={"slider_age_weight": 2.0})
+    url = f"/admin/carousel/control/{control.pk}/change/"
+    page = as_staff.get(url)
+    form = {name: value for name, value in _form_values(page.content.decode()).items()}
+    form["policy_params"] = given
+    answer = as_staff.post(url, form)
+    assert answer.status_code == 302, answer.content.decode()[-2000:]
+    assert Control.objects.get(id=1).policy_params == {}
+
+
+def _form_values(html):
+    """The change form's fields as the page fills them (inputs, checked boxes, selected options, text areas)."""
+    import re
+
+    values = {}
+    for tag in re.findall(r"<input[^>]*>", html):
+        name = re.search(r'name="([^"]+)"', tag)
+        if not name or 'type="submit"' in tag:
+            continue
+        if 'type="checkbox"' in tag:
+            if "checked" in tag:
+                values[name[1]] = "on"
+            continue
+        value = re.search(r'value="([^"]*)"', tag)
+        values[name[1]] = value[1] if value else ""
+    for name, body in re.findall(r'<select name="([^"]+)"[^>]*>(.*?)</select>', html, re.S):
+        chosen = re.search(r'<option value="([^"]*)"[^>]*selected', body)
+        values[name] = chosen[1] if chosen else ""
+    for name, body in re.findall(r'<textarea name="([^"]+)"[^>]*>(.*?)</textarea>', html, re.S):
+        values[name] = body.strip()
+    return values
