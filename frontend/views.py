@@ -77,7 +77,12 @@ def _moment(raw):
         return None
     if moment is not None and timezone.is_naive(moment):
         moment = timezone.make_aware(moment, dt_timezone.utc)
-    return moment
+    try:
+        # In UTC, as the database compares it: 0001-01-01T00:00+01:00 is before year 1 there
+        # (the embedded SQLite default's adapter raised OverflowError: a 500).
+        return moment.astimezone(dt_timezone.utc) if moment is not None else None
+    except OverflowError:
+        return None
 
 
 STEP_LABELS = {"restored": "restored", "delivering": "being delivered", "being_read": "being read",

@@ -590,3 +590,19 @@ def test_most_requests_finish_inside_their_estimate_on_a_replay(alice, bob, char
     inside = [i for i, (low, high) in ranges.items()
               if low <= (finished[i] - submitted_at).total_seconds() <= high]
     assert len(inside) >= 0.9 * len(ranges), f"{len(inside)} of {len(ranges)} inside their range"
+
+
+@pytest.mark.parametrize("before", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "soon",
+                                    "2026-01-01T00:00:00+05:00"])
+def test_a_before_link_out_of_range_is_ignored_as_a_bad_filter_is(client, alice, now, before):
+    """/?before=0001-01-01T00:00:00+01:00 was a 500 on the embedded SQLite default: the moment is
+    before year 1 in UTC. What the page compares is read in UTC, or ignored."""
+    from datetime import timezone as dt_timezone
+
+    from frontend.views import _moment
+
+    restore_submit(user=alice, now=now, paths=["/b/a"])
+    client.force_login(alice)
+    assert client.get("/", {"before": before}).status_code == 200
+    moment = _moment(before)
+    assert moment is None or moment.tzinfo == dt_timezone.utc
