@@ -10,6 +10,7 @@ from rest_framework.authtoken.admin import TokenAdmin
 from rest_framework.authtoken.models import TokenProxy
 
 from carousel.domain import policy, services
+from carousel.tape import MEDIA
 from carousel.tasks import withdraw_on_commit
 from carousel.models import (
     Account, Bulk, Control, FileLocation, GroupShare, Job, PathPrefix, RestoreRequest, RetryQueue, StagerHealth, Tape,
@@ -258,8 +259,29 @@ class QuarantinedFilter(admin.SimpleListFilter):
         return queryset
 
 
+class TapeForm(forms.ModelForm):
+    """The technology is one the mount plan knows (carousel/tape.py, MEDIA) or empty: "LTO-99"
+    was stored, and the tape's files then went out with no mount planned and no word. A name the
+    stager reported is kept as it is."""
+
+    class Meta:
+        model = Tape
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "media" in self.fields:
+            known = ["", *sorted(MEDIA)]
+            current = self.instance.media if self.instance and self.instance.pk else ""
+            if current not in known:
+                known.append(current)
+            self.fields["media"] = forms.ChoiceField(choices=[(m, m or "(unknown)") for m in known], required=False,
+                                                     help_text="The tape's technology, as the drives read it.")
+
+
 @admin.register(Tape)
 class TapeAdmin(ChecksSelection, admin.ModelAdmin):
+    form = TapeForm
     list_display = ["label", "media", "quarantined_at", "quarantine_reason", "recent_failures"]
     list_filter = [QuarantinedFilter, "media"]
     search_fields = ["label"]

@@ -342,6 +342,11 @@ class GroupShare(models.Model):
     def __str__(self):
         return f"share of {self.group}"
 
+    def clean(self):
+        # 0 was stored and read as 1 (selectors/drives.py: a most below 1 counts as 1).
+        if self.max_drives == 0:
+            raise ValidationError({"max_drives": "At least 1 (leave it empty for no limit)."})
+
 
 # The activity a request names when it names none, or one its group's table does not know.
 DEFAULT_ACTIVITY = "default"
@@ -380,8 +385,12 @@ class Activity(models.Model):
         return f"{self.name} ({self.group or 'every group'})"
 
     def clean(self):
-        # Clients' names are looked up stripped (carousel/domain/activities.py).
+        # Clients' names are looked up stripped (carousel/domain/activities.py), and a client's
+        # name with a control character is refused (services.restore_submit): such a row could
+        # never match a request.
         self.name = (self.name or "").strip()
+        if self.name and not self.name.isprintable():
+            raise ValidationError({"name": "Printable characters only, as clients' activity names are."})
 
 
 class UnknownActivity(models.Model):

@@ -265,3 +265,25 @@ def _form_values(html):
     for name, body in re.findall(r'<textarea name="([^"]+)"[^>]*>(.*?)</textarea>', html, re.S):
         values[name] = body.strip()
     return values
+
+
+def test_the_admin_refuses_values_the_loop_cannot_use(as_staff, now):
+    """Stored before: an activity name with a control character (no client's name can match it),
+    a group's most drives of 0 (read as 1), a tape technology no drive reads (its files then went
+    out with no mount planned)."""
+    from django.contrib.auth.models import Group
+
+    from carousel.models import Activity, GroupShare, Tape
+
+    page = as_staff.post("/admin/carousel/activity/add/", {"name": "ctl\x01char", "priority": "1", "weight": "1"})
+    assert page.status_code == 200 and "Printable characters only" in page.content.decode()
+    assert not Activity.objects.filter(name__startswith="ctl").exists()
+    share = GroupShare.objects.create(group=Group.objects.create(name="g"))
+    share.max_drives = 0
+    with pytest.raises(Exception, match="At least 1"):
+        share.full_clean()
+    tape = Tape.objects.create(label="T1", media="LTO-8")
+    page = as_staff.post(f"/admin/carousel/tape/{tape.pk}/change/", {"label": "T1", "media": "LTO-99",
+                                                                      "recent_failures": "0"})
+    assert page.status_code == 200 and "Select a valid choice" in page.content.decode()
+    assert Tape.objects.get(pk=tape.pk).media == "LTO-8"
