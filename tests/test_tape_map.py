@@ -78,6 +78,10 @@ def test_a_load_is_incremental_and_can_be_repeated(db, tmp_path):
     ("path,tape,position\n/d/a,V1,-3\n", "line 2: position must be a whole number"),
     ("path,tape,media\n/d/a,V1,LTO-99\n", "line 2: media 'LTO-99' is not a known technology"),
     ("file,volume\n/d/a,V1\n", "line 1: the first line must name the columns"),
+    # Found by a probe: a traceback each, or taken without a word.
+    ("path,tape,tape\n/d/a,V1,V2\n", "line 1: the header names tape more than once"),
+    ("path,tape\n/d/a,V1\n/d/b," + "x" * 140_000 + "\n", "line 3: not CSV: field larger than field limit"),
+    ("path,tape,position\n/d/a,V1,\uff11\uff12\n", "line 2: position must be a whole number"),
 ])
 def test_a_bad_csv_line_is_named_and_nothing_is_stored(db, tmp_path, text, message):
     load(tmp_path, "path,tape\n/d/old,V0\n", "before.csv")
@@ -95,6 +99,26 @@ def test_bad_json_lines_are_all_counted_and_nothing_is_stored(db, tmp_path):
     assert "3 bad lines" in text and "line 2: not JSON" in text and "line 3: expected a JSON object" in text
     assert "line 4: size must be a whole number" in text
     assert not TapeMapEntry.objects.exists()
+
+
+def test_a_byte_order_mark_is_not_part_of_the_header(db, tmp_path):
+    """Excel's "CSV UTF-8" begins with one: the header read '\\ufeffpath' and the file was refused."""
+    load(tmp_path, "\ufeffpath,tape\n/d/a,V1\n")
+    assert mapped() == {"/d/a": ("V1", "", None, None)}
+
+
+@pytest.mark.parametrize("name,text", [("deep.jsonl", "[" * 100_000 + "\n"), ("deep.json", "[" * 100_000)])
+def test_json_nested_too_deeply_is_a_bad_line_not_a_traceback(db, tmp_path, name, text):
+    with pytest.raises(CommandError, match="nested too deeply"):
+        load(tmp_path, text, name, *(["--format", "cta", "--media", "LTO-8"] if name.endswith(".json") else []))
+    assert not TapeMapEntry.objects.exists()
+
+
+@pytest.mark.parametrize("text", ["", "path,tape\n", "\n\n"])
+def test_an_empty_map_is_said_and_not_taken_as_success(db, tmp_path, text):
+    """An export that failed leaves an empty file: it exited 0 with "0 lines, 0 files mapped"."""
+    with pytest.raises(CommandError, match="no map lines in it; nothing was loaded"):
+        load(tmp_path, text)
 
 
 def test_an_unreadable_file_is_a_clear_error(db, tmp_path):

@@ -62,14 +62,15 @@ class _Bad(Exception):
     pass
 
 
-def _count(value, name):
+def _count(value, name, unit=" of bytes"):
     if value is None or value == "":
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise _Bad(f"{name} must be a whole number of bytes, not {value!r:.60}")
+        raise _Bad(f"{name} must be a whole number{unit}, not {value!r:.60}")
     if isinstance(value, str):
-        if not re.fullmatch(r"\s*\d+\s*", value):
-            raise _Bad(f"{name} must be a whole number of bytes, not {value!r:.60}")
+        # ASCII digits only: \d and int() took "１２" (fullwidth) as 12.
+        if not re.fullmatch(r"\s*[0-9]+\s*", value):
+            raise _Bad(f"{name} must be a whole number{unit}, not {value!r:.60}")
         value = int(value)
     if not 0 <= value <= MAX_BIGINT:
         raise _Bad(f"{name} must lie in 0..{MAX_BIGINT}, not {value}")
@@ -99,7 +100,14 @@ def read_csv(stream):
     optional; others ignored), in any order."""
     reader = csv.reader(stream)
     header = None
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:  # a field past csv's limit (131,072 characters), a NUL, ...
+            yield reader.line_num, f"not CSV: {exc}"
+            return
         if not row or all(not cell.strip() for cell in row):
             continue
         if header is None:
@@ -108,6 +116,10 @@ def read_csv(stream):
             if missing:
                 yield reader.line_num, (f"the first line must name the columns (path,tape[,media,position,size]); "
                                         f"{' and '.join(missing)} missing from {row!r:.200}")
+                return
+            twice = sorted({c for c in COLUMNS if header.count(c) > 1})
+            if twice:
+                yield reader.line_num, f"the header names {', '.join(twice)} more than once"
                 return
             index = {c: header.index(c) for c in COLUMNS if c in header}
             continue
@@ -129,6 +141,9 @@ def read_jsonl(stream):
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             yield number, f"not JSON ({exc.msg} at column {exc.colno})"
+            continue
+        except RecursionError:
+            yield number, "not a map line: JSON nested too deeply"
             continue
         if not isinstance(obj, dict):
             yield number, f"expected a JSON object, not {type(obj).__name__}"
@@ -152,6 +167,9 @@ def read_cta(stream, media=""):
         except json.JSONDecodeError as exc:
             yield exc.lineno, f"not JSON ({exc.msg} at column {exc.colno})"
             return
+        except RecursionError:
+            yield 1, "not a tapefile listing: JSON nested too deeply"
+            return
     else:
         items = []
         for number, line in enumerate(io.StringIO(text), 1):
@@ -160,6 +178,8 @@ def read_cta(stream, media=""):
                     items.append((number, json.loads(line)))
                 except json.JSONDecodeError as exc:
                     yield number, f"not JSON ({exc.msg} at column {exc.colno})"
+                except RecursionError:
+                    yield number, "not a tapefile ls item: JSON nested too deeply"
     lines = []
     for number, item in items:
         try:
@@ -167,7 +187,7 @@ def read_cta(stream, media=""):
             if not tf:
                 raise _Bad("not a tapefile ls item: no \"tf\" (tape file) object")
             line = checked(df.get("path"), tf.get("vid"), media, None, af.get("size"))
-            order = _count(tf.get("fSeq"), "tf.fSeq") or 0
+            order = _count(tf.get("fSeq"), "tf.fSeq", unit=" (a file sequence number)") or 0
         except (_Bad, AttributeError) as exc:
             yield number, str(exc) if isinstance(exc, _Bad) else "df, tf and af must be objects"
             continue

@@ -51,16 +51,20 @@ class Command(BaseCommand):
                 raise CommandError(f"{file}: {exc}") from exc
             except (UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as exc:
                 raise CommandError(f"{file}: cannot read it ({exc}); nothing was stored") from exc
+        if not result.lines and not result.skipped:
+            # An export that failed leaves an empty file: said, and not taken as success.
+            raise CommandError(f"{file}: no map lines in it; nothing was loaded")
         skipped = f"; {result.skipped} lines named no tape and were skipped" if result.skipped else ""
         self.stdout.write(f"{file}: {result.lines} lines, {result.files} files mapped ({fmt}){skipped}")
 
     @staticmethod
     def _open(file):
         if file == "-":
-            return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="")
+            return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="")
+        # utf-8-sig: a byte-order mark first (Excel's "CSV UTF-8") is not part of the header.
         if file.endswith(".gz"):
-            return gzip.open(file, "rt", encoding="utf-8", newline="")
-        return open(file, encoding="utf-8", newline="")
+            return gzip.open(file, "rt", encoding="utf-8-sig", newline="")
+        return open(file, encoding="utf-8-sig", newline="")
 
 
 class _Rejoined(io.TextIOBase):
