@@ -3,12 +3,13 @@ render. Errors are RFC 7807 problem documents (application/problem+json). The sh
 described for /api/schema/ by api/tape_rest/schema.py; docs/tape-rest.md says where Carousel
 reads the v1 document one way rather than another."""
 import json
+import re
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.http import HttpResponse
 from django.utils import timezone
-from django.utils.dateparse import parse_duration
 from rest_framework import exceptions
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
@@ -131,15 +132,37 @@ class TapeRestView(APIView):
             raise InsufficientScope(str(exc.detail)) from exc
 
 
+# An ISO 8601 duration of days and times, or weeks (the spec's diskLifetime): "P1W", "P2DT12H",
+# "PT1H30M", "PT0.5S". Years and months have no fixed length.
+ISO_DURATION = re.compile(r"(?P<sign>-?)P(?:(?P<w>[0-9]+)W|(?:(?P<d>[0-9]+)D)?(?:T(?=[0-9])(?:(?P<h>[0-9]+)H)?"
+                          r"(?:(?P<m>[0-9]+)M)?(?:(?P<s>[0-9]+(?:[.,][0-9]+)?)S)?)?)")
+
+
+def _iso_duration(value):
+    """timedelta of an ISO 8601 duration string, or None. Django's parse_duration also took
+    "1 day" and "86400" (not ISO) and refused "P1W" (ISO)."""
+    match = ISO_DURATION.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    found = {k: v for k, v in match.groupdict().items() if k != "sign"}
+    if not any(found.values()):
+        return None  # "P", "PT": no component
+    parts = {k: float((v or "0").replace(",", ".")) for k, v in found.items()}
+    span = timedelta(weeks=parts["w"], days=parts["d"], hours=parts["h"], minutes=parts["m"], seconds=parts["s"])
+    return -span if match["sign"] else span
+
+
 def _disk_lifetime(index, value):
     """A file's diskLifetime, with the native API's bounds on pin_lifetime."""
     try:
-        parsed = parse_duration(value) if isinstance(value, str) else None
+        parsed = _iso_duration(value)
     except (OverflowError, ValueError):
         parsed = None
     where = f"files[{index}].diskLifetime: {str(value)[:50]!r}"
     if parsed is None:
-        raise grid.InvalidSubmission(f"{where} is not an ISO 8601 duration such as PT1H")
+        years = isinstance(value, str) and re.fullmatch(r"P[0-9YMDTHS.,]*[YM][0-9DTHS.,]*", value.split("T")[0])
+        raise grid.InvalidSubmission(f"{where} is not an ISO 8601 duration such as PT1H, P2D or P1W"
+                                     + (" (years and months have no fixed length: give days)" if years else ""))
     if not MIN_PIN_LIFETIME <= parsed <= MAX_PIN_LIFETIME:
         raise grid.InvalidSubmission(f"{where} is out of range: from {MIN_PIN_LIFETIME.total_seconds():.0f} "
                                      f"second to {MAX_PIN_LIFETIME.days} days (leave it out for the site's default)")
