@@ -121,3 +121,65 @@ def test_a_home_the_user_cannot_read_is_one_line_for_carousel_and_nothing_for_th
     assert done.returncode == api.EXIT_CONFIG, done.stderr
     assert done.stderr.splitlines() == [f"carousel: cannot read {home}/.config/carousel/client.ini: Permission "
                                         "denied; set CAROUSEL_CONFIG, or CAROUSEL_URL and CAROUSEL_TOKEN"]
+
+
+def test_stage_leaves_out_the_paths_the_server_refuses_and_stages_the_rest(capsys):
+    """One bad path refused the whole list, and XRootD, which only logs the hook's exit code,
+    told its client all were staged: now the good ones are staged and the bad ones named."""
+    sent = []
+
+    def server(request):
+        paths = json.loads(request.content)["paths"]
+        sent.append(paths)
+        bad = [{"index": i, "line": i + 1, "path": p, "message": "not an absolute path"}
+               for i, p in enumerate(paths) if not p.startswith("/")]
+        if bad:
+            return httpx.Response(400, json={"status": 400, "code": "invalid", "detail": "rejected", "errors": bad})
+        return httpx.Response(201, json={"bulk_id": "b", "files": len(paths), "created": 1, "existing": 0,
+                                         "shared": 0})
+    client = api.Client(api.Config("http://carousel.test", "k"), transport=httpx.MockTransport(server))
+    assert xrd.prepare_stage(client, "rid", ["relative", "/ok/a", "x/../y", "/ok/b"], {}) == 1
+    assert sent[-1] == ["/ok/a", "/ok/b"]
+    err = capsys.readouterr().err
+    assert "'relative' refused: not an absolute path" in err and "'x/../y' refused" in err and "2 files" in err
+
+
+def test_query_and_cancel_match_a_path_however_its_slashes_were_sent(monkeypatch):
+    rows = [{"id": 7, "path": "/xrd/d1/a", "state": "queued", "error_class": "", "tape": None, "last_error": "",
+             "created_at": "2026-11-30T08:00:00Z"}]
+    posted = []
+
+    def server(request):
+        if request.url.path.endswith("/bulks/"):
+            return httpx.Response(200, json={"results": [{"id": "b1", "label": "xr1"}], "next": None})
+        if request.url.path.endswith("/requests/cancel/"):
+            posted.append(json.loads(request.content))
+            return httpx.Response(200, json={"cancelled": 1})
+        return httpx.Response(200, json={"results": rows, "next": None})
+    client = api.Client(api.Config("http://carousel.test", "k"), transport=httpx.MockTransport(server))
+    (answer,) = xrd.query_reply(client, "xr1", ["//xrd//d1/a"])["responses"]
+    assert answer["path"] == "//xrd//d1/a" and answer["requested"] and answer["has_reqid"]
+    xrd.prepare_cancel(client, "xr1", ["//xrd/d1//a"])
+    assert posted == [{"ids": [7]}]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5"])
+def test_a_bad_maxresp_is_one_line(monkeypatch, capsys, value):
+    monkeypatch.setenv("CAROUSEL_URL", "http://carousel.test")
+    monkeypatch.setenv("CAROUSEL_TOKEN", "k")
+    monkeypatch.setenv("CAROUSEL_XRD_MAXRESP", value)
+    assert xrd.prepare_main(["--", "xr2", "query", "/xrd/d2/a"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "CAROUSEL_XRD_MAXRESP" in err[0] and "Traceback" not in err[0]
+
+
+def test_the_hooks_hints_name_what_the_hooks_read(monkeypatch, capsys):
+    """They pointed at ~/.config/carousel/client.ini and CAROUSEL_RETRY_S, which the hooks ignore."""
+    monkeypatch.delenv("CAROUSEL_URL", raising=False)
+    monkeypatch.delenv("CAROUSEL_TOKEN", raising=False)
+    assert xrd.prepare_main(["--", "xr3", "query", "/a"]) == 1
+    err = capsys.readouterr().err
+    assert "XRootD's environment" in err and "client.ini" not in err
+    error = api.ClientError("cannot reach Carousel at http://x", code=api.EXIT_UNAVAILABLE,
+                            hint="check CAROUSEL_URL (CAROUSEL_RETRY_S=SECONDS: keep trying that long)")
+    assert "CAROUSEL_RETRY_S" not in xrd.explained(error)

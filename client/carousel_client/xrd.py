@@ -43,6 +43,25 @@ def client(patience=600.0):
     return api.Client(api.Config.load(use_file=False), patience=patience)
 
 
+# The hooks read XRootD's environment only, and keep their own patience: the command's hints
+# (a configuration file, CAROUSEL_RETRY_S) would send a site to settings the hooks ignore.
+HOOK_HINTS = {api.EXIT_CONFIG: "the hooks read CAROUSEL_URL and CAROUSEL_TOKEN (or CAROUSEL_TOKEN_FILE) from "
+                               "XRootD's environment, never a configuration file",
+              api.EXIT_UNAVAILABLE: "check CAROUSEL_URL in XRootD's environment and that the server is running"}
+
+
+def explained(error):
+    """A ClientError's message and a hint that holds for the hooks."""
+    hint = HOOK_HINTS.get(error.code, error.hint)
+    return error.message + (f" ({hint})" if hint else "")
+
+
+def same_path(path):
+    """A path as the server stores it, for matching: repeated slashes are one (XRootD passes
+    what its client sent; "//a//b" named no file of a request for "/a/b")."""
+    return re.sub(r"/{2,}", "/", path)
+
+
 # --- Identity ------------------------------------------------------------------------------
 
 def on_behalf_of(tident, env=None):
@@ -119,7 +138,7 @@ def stage_file(remote, local, *, api_client=None, sleep=time.sleep):
             sleep(min(MAX_PAUSE_S, max(pause, eta / 4)))
             pause = min(pause * 1.5, MAX_PAUSE_S)
     except ClientError as error:
-        return FAILED, error.message + (f" ({error.hint})" if error.hint else "")
+        return FAILED, explained(error)
 
 
 def _put(request, local):
@@ -181,6 +200,13 @@ def prepare_main(argv=None):
         log(str(exc))
         return 2
     try:
+        limit = int(os.environ.get("CAROUSEL_XRD_MAXRESP") or DEFAULT_MAXRESP)
+        if limit < 1:
+            raise ValueError
+    except ValueError:
+        log(f"CAROUSEL_XRD_MAXRESP must be a number of bytes above 0, not {os.environ.get('CAROUSEL_XRD_MAXRESP')!r}")
+        return 2
+    try:
         carousel = client(patience=20.0)
         if action in ("stage", "prep"):
             return prepare_stage(carousel, reqid, paths, options)
@@ -190,7 +216,6 @@ def prepare_main(argv=None):
             return prepare_evict(carousel, paths)
         if action == "query":
             reply = query_reply(carousel, reqid, paths)
-            limit = int(os.environ.get("CAROUSEL_XRD_MAXRESP") or DEFAULT_MAXRESP)
             text = fit_reply(reply, limit)
             if text is None:
                 log(f"query {reqid}: the reply for {len(paths)} paths exceeds {limit} bytes; ask for fewer paths "
@@ -199,7 +224,7 @@ def prepare_main(argv=None):
             sys.stdout.write(text)
             return 0
     except ClientError as error:
-        log(f"{action} {reqid}: {error.message}" + (f" ({error.hint})" if error.hint else ""))
+        log(f"{action} {reqid}: {explained(error)}")
         return 1
     log(f"unknown request {action!r}")
     return 2
@@ -212,10 +237,31 @@ def prepare_stage(carousel, reqid, paths, options):
     user = on_behalf_of(os.environ.get("XRDPREP_TID"))
     if user:
         body["on_behalf_of"] = user
-    result = carousel.submit(paths, **body)
+    # The paths the server refuses are left out and named, and the rest staged: XRootD only logs
+    # the hook's exit code, so its client took a request refused whole for one bad path as staged.
+    left, refused = list(paths), []
+    while True:
+        try:
+            result = carousel.submit(left, **body)
+            break
+        except ClientError as error:
+            bad = {e.get("index") for e in (error.body or {}).get("errors") or []} \
+                if error.code == api.EXIT_REFUSED and isinstance(error.body, dict) else set()
+            bad.discard(None)
+            if not bad:
+                raise
+            refused += [(left[i], e.get("message")) for e in error.body["errors"] for i in [e.get("index")]
+                        if isinstance(i, int) and 0 <= i < len(left)]
+            left = [p for i, p in enumerate(left) if i not in bad]
+            if not left:
+                break
+    for path, why in refused:
+        log(f"stage {reqid}: {path!r} refused: {why}")
+    if not left:
+        return 1
     log(f"stage {reqid}: {result['files']} files, submission {result['bulk_id']}"
-        + (f" on behalf of {user}" if user else ""))
-    return 0
+        + (f" on behalf of {user}" if user else "") + (f"; {len(refused)} refused" if refused else ""))
+    return 1 if refused else 0
 
 
 def _bulk_requests(carousel, reqid):
@@ -228,7 +274,7 @@ def prepare_cancel(carousel, reqid, paths):
     if bulk is None:
         log(f"cancel {reqid}: no such request")
         return 1
-    wanted = set(paths)
+    wanted = {same_path(p) for p in paths}
     ids = [r["id"] for r in rows if r["state"] in ACTIVE and (not wanted or r["path"] in wanted)]
     cancelled = carousel.post("requests/cancel/", {"ids": ids})["cancelled"] if ids else 0
     log(f"cancel {reqid}: {cancelled} cancelled")
@@ -249,11 +295,12 @@ def query_reply(carousel, reqid, paths):
         in_request.setdefault(row["path"], row)
     responses = []
     for path in paths:
-        row = in_request.get(path)
+        stored = same_path(path)
+        row = in_request.get(stored)
         if row is None:  # not in this request: the user's latest request for it, if any
-            found = carousel.requests_for_path(path)
+            found = carousel.requests_for_path(stored)
             row = found[0] if found else None
-        responses.append(_response(path, row, has_reqid=path in in_request))
+        responses.append(_response(path, row, has_reqid=stored in in_request))
     return {"request_id": reqid, "responses": responses}
 
 
