@@ -102,6 +102,34 @@ def test_a_request_not_located_has_no_estimate_and_says_what_it_waits_for(alice,
     assert "no estimate" in got.reasons[0] and "asks the stager which tape holds it" in got.reasons[0]
 
 
+@pytest.mark.parametrize("hold, says", [
+    ({"paused": True}, "until the operators lift the pause"),
+    ({"group_cap": 0}, "while your group analysis's cap is 0"),
+])
+def test_work_an_operator_holds_has_no_end_to_its_range_and_says_why(alice, now, hold, says):
+    """Paused, or with its group's cap at 0, a queued file's range slid forward a cycle at a time,
+    each read promising "about" a minute from now (found by a probe): nothing goes until an
+    operator acts, so the range has no end, and the reasons say so."""
+    from django.contrib.auth.models import Group
+
+    from carousel.models import Account, GroupShare
+
+    drives(speedup=1)
+    chain_of_two(alice, now)
+    located(alice, {"/a/queued": ("TA", 10**9)}, now)
+    if "paused" in hold:
+        Control.objects.filter(id=1).update(paused=True)
+    else:
+        group = Group.objects.get_or_create(name="analysis")[0]
+        GroupShare.objects.update_or_create(group=group, defaults={"inflight_cap": 0})
+        Account.objects.filter(user=alice).update(group=group)
+    got = outlooks(alice, now)
+    for path in ("/a/queued", "/t2/a"):  # queued, and planned not sent yet
+        assert got[path].eta is not None and got[path].eta[1] is None, (path, got[path])
+        assert any(says in reason for reason in got[path].reasons), got[path].reasons
+    assert got["/t1/a"].eta[1] is not None  # what the stager has goes on
+
+
 def test_a_submission_has_a_range_then_its_actual_first_and_last(alice, now):
     drives(speedup=1)
     first, second = chain_of_two(alice, now)

@@ -804,6 +804,23 @@ def _common_reasons(ctx):
     return reasons
 
 
+def _held_until(ctx):
+    """Why nothing of the user's not yet sent can go until an operator acts (paused; a cap of 0
+    for the user or the group), or "". Until then the range has no end: the estimate slid
+    forward a cycle at a time, each read saying "about" a minute from now (found by a probe)."""
+    if ctx.control.paused:
+        return "no estimate of when: nothing is sent until the operators lift the pause"
+    if ctx.user_cap == 0 or ctx.group_cap == 0:
+        whose = "your" if ctx.user_cap == 0 else f"your group {ctx.group_name}'s"
+        return f"no estimate of when: nothing of yours is sent while {whose} cap is 0 (an operator sets it)"
+    return ""
+
+
+def _held(eta):
+    """A range held by _held_until: its start stands, it has no end."""
+    return (eta[0], None) if eta else None
+
+
 def _plus(n, capped):
     return f"{n:,}{'+' if capped else ''}"
 
@@ -827,6 +844,7 @@ def request_outlooks(requests, *, user, ctx):
         id__in={r.job_id for r in requests if r.state in IN_FLIGHT_STATES and r.job_id})
         .values_list("id", "state", "chain", "files")}
     cycle_s = ctx.control.cycle_s
+    held = _held_until(ctx)
     out = {}
     for r in requests:
         job_state, chain, job_files = jobs.get(r.job_id, (None, "", 0))
@@ -864,6 +882,8 @@ def request_outlooks(requests, *, user, ctx):
                     reasons.append(ARRIVING)
             else:
                 eta = (_range(proj, proj.end_s, "queued", cycle_s)[0], None)
+            if held:
+                eta, reasons = _held(eta), [*reasons, held]
             out[r.id] = Outlook(own_ahead=own_ahead, ahead=ahead, capped=capped, eta=eta,
                                 reasons=tuple(reasons) + no_rate)
         elif r.state == S.SUBMITTED and job_state == JobState.PENDING:
@@ -881,6 +901,8 @@ def request_outlooks(requests, *, user, ctx):
                 ahead_of_it = _mounts_ahead(proj, chain, r.job_id)
             elif at_stager:
                 eta = (0.0, None)
+            if held:
+                eta, notes = _held(eta), (*notes, held)
             out[r.id] = Outlook(own_ahead=0, ahead=0, eta=eta, reasons=(
                 f"planned on drive {chain or '?'}: sent to the stager once the mount before it there "
                 f"is done{ahead_of_it}", *notes))
