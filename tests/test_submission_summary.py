@@ -59,7 +59,7 @@ def test_one_call_gives_the_counts_per_step_the_estimate_and_why_not_yet(alice):
     assert earliest and earliest >= timezone.now().isoformat()[:16]
     assert latest is None or latest >= earliest
     why = "\n".join(body["why"])
-    assert "1 file wait for tape" in why and "planned on drive LTO-8/2" in why
+    assert "1 file waits for tape" in why and "planned on drive LTO-8/2" in why
     assert "on drive LTO-8/1, being read" in why
     assert "1 file failed for now, tried again from" in why
     assert "1 file not located yet" in why

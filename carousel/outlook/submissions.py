@@ -141,10 +141,11 @@ def _group_line(g, reasons, span, now):
     n, tape, drive = _files(g.files), g.tape, g.chain or "?"
     if g.step == "queued" and tape is None:
         return f"{n} not located yet: the broker asks the stager which tape holds them"
+    wait = "wait" if g.files != 1 else "waits"
     if g.step == "queued":
-        head = f"{n} wait in the queue for tape {tape}"
+        head = f"{n} {wait} in the queue for tape {tape}"
     elif g.step == "planned":
-        head = f"{n} wait for tape {tape}, planned on drive {drive} after the mount before it there"
+        head = f"{n} {wait} for tape {tape}, planned on drive {drive} after the mount before it there"
     elif g.step == "being_read":
         head = f"{n} {'are' if g.files != 1 else 'is'} at the stager for tape {tape}" + (
             f" on drive {g.chain}" if g.chain else "") + ", being read"
