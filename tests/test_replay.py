@@ -1,6 +1,7 @@
 import copy
 import gzip
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -88,6 +89,25 @@ def test_the_command_rejects_a_malformed_file_naming_the_key(tmp_path):
     path.write_text("{not json")
     with pytest.raises(CommandError, match="not JSON"):
         call_command("simulate", str(path))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--files-per-job", "0"], "files_per_job = 0: Ensure this value is greater than or equal to 1"),
+    (["--cycle", "nan"], "cycle_s = nan: Give a finite number"),
+    (["--set", "files_per_job=abc"], "files_per_job = 'abc'"),
+    (["--set", "min_mount_bytes=-1"], "min_mount_bytes = -1"),
+    (["--set", "policy_params=[1]"], "policy parameters must be a JSON object"),
+    (["--report", "/nonexistent/dir/r.json"], "--report /nonexistent/dir/r.json: no directory /nonexistent/dir"),
+    (["--plot", "/nonexistent/p.png"], "--plot /nonexistent/p.png: no directory /nonexistent"),
+])
+def test_the_command_checks_its_options_before_the_replay(db, args, says, monkeypatch):
+    """Each failed in the replay's child with a traceback, and a report or plot with nowhere to go
+    was lost at the end of the run (15 to 25 minutes on the long workloads); found by a probe."""
+    from carousel.sim import replay as replay_module
+
+    monkeypatch.setattr(replay_module, "replay_broker", lambda *a, **k: pytest.fail("the replay ran"))
+    with pytest.raises(CommandError, match=re.escape(says)):
+        call_command("simulate", str(WORKLOADS / "bnl-704.json"), *args)
 
 
 @pytest.mark.parametrize("name", ["bnl-704.json", "pic-lto4-full.json", "pic-lto4-alternate.json",

@@ -8,6 +8,7 @@ the configured PostgreSQL server (`--database postgres`), migrates it, replays, 
 Baselines need no database."""
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -87,6 +88,15 @@ class Command(BaseCommand):
             raise CommandError(f"malformed workload {options['workload']}: {exc}") from exc
         if options["plot"] and not options["plot"].lower().endswith(plots.FORMATS):
             raise CommandError(f"--plot {options['plot']}: the name must end with .png or .svg")
+        # Checked before the replay, which may take half an hour: a report with nowhere to go
+        # was lost at its end, a control value out of bounds failed in the child with a traceback.
+        for option in ("report", "plot"):
+            if options[option]:
+                target = Path(options[option])
+                if target.is_dir() or not target.parent.is_dir():
+                    raise CommandError(f"--{option} {target}: " + ("is a directory" if target.is_dir() else
+                                                                   f"no directory {target.parent}"))
+        self._check_control(self._control(options))
         for option, registry in (("sort", "CAROUSEL_SORT_POLICIES"), ("share", "CAROUSEL_SHARE_POLICIES")):
             if options[option]:
                 try:
@@ -129,6 +139,22 @@ class Command(BaseCommand):
         self.stdout.write(child.stdout, ending="")
         if child.returncode:
             raise CommandError(f"the replay failed (exit code {child.returncode}); its error is above")
+
+    @staticmethod
+    def _check_control(control):
+        """Each control value as the control row takes it (CONTROL_BOUNDS, the admin's checks)."""
+        from django.core.exceptions import ValidationError
+
+        from carousel.models import Control
+
+        fields = {f.name for f in Control._meta.fields}
+        for name, value in control.items():
+            try:
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ValidationError("Give a finite number.")  # nan passes every bound
+                Control(**{name: value}).clean_fields(exclude=fields - {name})
+            except ValidationError as exc:
+                raise CommandError(f"the control row's {name} = {value!r}: {' '.join(exc.messages)}") from None
 
     def _control(self, options):
         control = dict(options["set"])
