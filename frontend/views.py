@@ -131,8 +131,12 @@ def cancel(request):
         chosen = policy.actionable_requests(policy.identity(request), policy.CANCEL).filter(pk__in=ids)
         count, pairs = services.request_cancel(queryset=chosen, now=timezone.now(), by=request.user)
         withdraw_on_commit(pairs)
-        messages.success(request, f"{count} request(s) cancelled." if count else
-                         "Nothing cancelled: the selected requests had already finished.")
+        # Those not the caller's to cancel, or gone, are skipped as the API skips them: the
+        # message said they "had already finished" when they were queued and someone else's.
+        skipped = len(set(ids)) - count
+        messages.success(request, f"{count} request(s) cancelled." + (
+            f" {skipped} skipped: already finished, or not yours to cancel." if skipped else "")
+            if count else "Nothing cancelled: the selected requests had already finished, or are not yours to cancel.")
     else:
         messages.warning(request, "Select the requests to cancel first.")
     back = request.POST.get("next", "")

@@ -221,6 +221,18 @@ def test_it_cancels_one_or_many_and_only_mine(as_alice_web, alice, bob, now):
     assert states == {"/a/1": "cancelled", "/a/2": "cancelled", "/a/3": "cancelled", "/b/1": "queued"}
 
 
+def test_cancelling_someone_elses_request_says_it_was_not_yours(as_alice_web, alice, bob, now):
+    """It said "the selected requests had already finished" of bob's queued request."""
+    restore_submit(user=alice, now=now, paths=["/a/1"])
+    restore_submit(user=bob, now=now, paths=["/b/1"])
+    ids = dict(RestoreRequest.objects.values_list("path", "id"))
+    said = as_alice_web.post("/requests/cancel/", {"ids": [ids["/b/1"]]}, follow=True).content.decode()
+    assert "not yours to cancel" in said
+    said = as_alice_web.post("/requests/cancel/", {"ids": [ids["/a/1"], ids["/b/1"]]}, follow=True).content.decode()
+    assert "1 request(s) cancelled. 1 skipped: already finished, or not yours to cancel." in said
+    assert dict(RestoreRequest.objects.values_list("path", "state")) == {"/a/1": "cancelled", "/b/1": "queued"}
+
+
 def test_cancel_goes_back_only_to_this_site(as_alice_web, alice, now):
     restore_submit(user=alice, now=now, paths=["/a/1"])
     r = as_alice_web.post("/requests/cancel/", {"ids": [RestoreRequest.objects.get().id],
