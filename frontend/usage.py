@@ -52,8 +52,10 @@ def _in_range(day):
 @login_required
 def usage_page(request):
     form = PeriodForm(request.GET or None)
+    sees_all = policy.may_see_all_usage(request.user)
     if request.GET and not form.is_valid():
-        return render(request, "frontend/usage.html", {"form": form}, status=400)
+        # Who sees what is said on the error page too (it told an operator "your own requests").
+        return render(request, "frontend/usage.html", {"form": form, "sees_all": sees_all}, status=400)
     if not request.GET:
         form = PeriodForm({})
         form.is_valid()
@@ -73,4 +75,4 @@ def usage_page(request):
     return render(request, "frontend/usage.html", {"form": form, "report": report, "rows": rows,
                                                    "share_period": period_name(since, until, now),
                                                    "csv_query": query.urlencode(),
-                                                   "sees_all": policy.may_see_all_usage(request.user)})
+                                                   "sees_all": sees_all})

@@ -157,6 +157,15 @@ def test_the_page_and_its_csv(history, client, alice, operator):
     assert client.get("/usage/", {"since": day, "until": "2000-01-01"}).status_code == 400
 
 
+def test_the_pages_error_says_whose_requests_the_report_counts(client, operator, alice):
+    """An operator's bad period said "Your own requests" on the 400 page."""
+    client.force_login(operator)
+    page = client.get("/usage/", {"since": "0001-01-01"})
+    assert page.status_code == 400 and "Every user's" in page.content.decode()
+    client.force_login(alice)
+    assert "Your own" in client.get("/usage/", {"since": "0001-01-01"}).content.decode()
+
+
 def test_the_page_gives_sizes_as_the_command_does(history, client, alice):
     """The pages counted bytes in 1,024s (Django's filesizeformat) under the names `carousel`
     uses for 1,000s: one file was 1.4 GB on a page and 1.5 GB in the command."""
