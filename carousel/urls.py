@@ -16,3 +16,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("frontend.urls")),
 ]
+
+# A request Django refuses before any view (a Host header not in ALLOWED_HOSTS): each door's format.
+handler400 = "api.errors.bad_request"

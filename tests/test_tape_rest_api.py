@@ -434,3 +434,17 @@ def test_a_caller_past_its_rate_hears_when_to_come_back(as_alice, settings):
 
 def test_discovery_answers_other_methods_with_a_problem(client):
     assert_problem(client.post("/.well-known/wlcg-tape-rest-api", {}, content_type="application/json"), 405)
+
+
+@pytest.mark.parametrize("path, media, member", [
+    (f"{BASE}/stage", "application/problem+json", "title"),
+    ("/.well-known/wlcg-tape-rest-api", "application/problem+json", "title"),
+    ("/api/v1/requests/", "application/json", "code"),
+])
+def test_a_host_this_server_does_not_answer_to_gets_each_doors_error_format(client, path, media, member):
+    """The door answered an unknown Host header with Django's HTML "Bad Request (400)"."""
+    answer = client.post(path, {"files": [{"path": "/a"}]}, content_type="application/json", HTTP_HOST="evil.example")
+    assert answer.status_code == 400 and answer["Content-Type"] == media
+    body = answer.json()
+    assert member in body and "Host header" in body["detail"] and "evil.example" not in body["detail"]
+    assert client.get("/", HTTP_HOST="evil.example").status_code == 400  # the pages keep Django's own
