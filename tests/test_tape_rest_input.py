@@ -220,8 +220,24 @@ def test_a_chunked_body_is_read_whole_and_a_huge_one_keeps_a_length_past_the_lim
     assert _through_chunked(body) == {"length": str(len(body)), "body": body}
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10
     assert _through_chunked(b"x" * 100)["length"] == "11"  # past the limit: 413, read no further
-    # A server that does not say where the body ends: left as it was (Django reads nothing).
-    assert _through_chunked(body, terminated=False)["length"] is None
+
+
+@pytest.mark.parametrize("path, media, member", [(f"{BASE}/stage", "application/problem+json", "title"),
+                                                 ("/api/v1/requests/", "application/json", "code")])
+def test_a_chunked_body_a_server_cannot_end_is_a_411_saying_what_to_send(path, media, member):
+    """Under `make run` (Django's runserver, which does not de-chunk) a chunked stage was read as
+    an empty body: 400 "files: expected a non-empty list". Now 411, saying to send a length."""
+    from carousel.infra.chunked import ChunkedBodies
+
+    started = []
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": path, "wsgi.input": io.BytesIO(b'{"files": []}'),
+               "HTTP_TRANSFER_ENCODING": "chunked", "CONTENT_TYPE": "application/json"}
+    body = b"".join(ChunkedBodies(lambda *a: pytest.fail("the request went on"))(
+        environ, lambda status, headers: started.append((status, dict(headers)))))
+    (status, headers), = started
+    assert status == "411 Length Required" and headers["Content-Type"] == media
+    answer = json.loads(body)
+    assert member in answer and "send it with a Content-Length" in answer["detail"]
 
 
 def test_the_native_release_refuses_the_entries_the_door_refuses(as_alice, rid):

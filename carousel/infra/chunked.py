@@ -5,8 +5,13 @@ that reading it to its end is safe (`wsgi.input_terminated`, set by gunicorn); i
 at most one byte past the body limit, and handed on with its length. A body past the limit
 keeps a length past it, and both doors answer 413 without reading further."""
 import io
+import json
 
 from django.conf import settings
+
+
+LENGTH_REQUIRED = ("this server cannot read a body sent chunked: send it with a Content-Length (the development "
+                   "server of `make run` does not de-chunk; gunicorn, as docker-compose.yml runs it, does)")
 
 
 class ChunkedBodies:
@@ -14,10 +19,26 @@ class ChunkedBodies:
         self.app = app
 
     def __call__(self, environ, start_response):
-        if (not environ.get("CONTENT_LENGTH") and environ.get("wsgi.input_terminated")
-                and "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()):
+        if not environ.get("CONTENT_LENGTH") and "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            if not environ.get("wsgi.input_terminated"):
+                # A server that does not de-chunk (Django's runserver): the body was read as
+                # empty ("files: expected a non-empty list"). 411 says what to do instead.
+                return _length_required(environ, start_response)
             limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
             body = environ["wsgi.input"].read(-1 if limit is None else limit + 1)
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
         return self.app(environ, start_response)
+
+
+def _length_required(environ, start_response):
+    """411 in the door's error format (a problem document on the Tape REST door, the API's body
+    elsewhere)."""
+    path = environ.get("PATH_INFO", "")
+    if path.startswith(("/api/tape-rest/", "/.well-known/wlcg-tape-rest-api")):
+        media, body = "application/problem+json", {"status": 411, "title": "length required", "detail": LENGTH_REQUIRED}
+    else:
+        media, body = "application/json", {"status": 411, "code": "length_required", "detail": LENGTH_REQUIRED}
+    data = json.dumps(body).encode()
+    start_response("411 Length Required", [("Content-Type", media), ("Content-Length", str(len(data)))])
+    return [data]
