@@ -84,9 +84,21 @@ def test_bad_arguments_are_refused(db, tmp_path):
     with pytest.raises(CommandError, match="no located request"):
         call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-01", "--until", "2026-01-02",
                      "--drives", "LTO-8=1")
-    with pytest.raises(CommandError, match="unknown drive technology"):
+    with pytest.raises(CommandError, match="'LTO-99' is not a known technology"):
         call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-01", "--until", "2026-01-02",
                      "--drives", "LTO-99=1")
+    # Found by a probe: a workload `simulate` then refused, and tracebacks for the file's place.
+    with pytest.raises(CommandError, match="expected MEDIA=N with N at least 1"):
+        call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-01", "--until", "2026-01-02",
+                     "--drives", "LTO-8=0")
+    with pytest.raises(CommandError, match="invalid choice: 'LTO-99'"):
+        call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-01", "--until", "2026-01-02",
+                     "--media", "LTO-99")
+    with pytest.raises(CommandError, match="no directory"):
+        call_command("export-workload", str(tmp_path / "nowhere" / "x.json"), "--since", "2026-01-01",
+                     "--until", "2026-01-02")
+    with pytest.raises(CommandError, match="is a directory"):
+        call_command("export-workload", str(tmp_path), "--since", "2026-01-01", "--until", "2026-01-02")
     with pytest.raises(CommandError, match="--since must be before"):
         call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-02", "--until", "2026-01-01")
     assert not (tmp_path / "x.json").exists()

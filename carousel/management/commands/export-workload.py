@@ -1,9 +1,13 @@
+import argparse
+import re
 from datetime import datetime, timezone
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_date, parse_datetime
 
 from carousel.ops.export import ExportError, export_workload, write_workload
+from carousel.tape import MEDIA
 
 
 def _moment(text):
@@ -17,12 +21,17 @@ def _moment(text):
 
 
 def _drives(text):
+    """MEDIA=N,...: technologies the simulated library knows, each with at least one drive (a
+    file written with LTO-8=0 or LTO-99=4 was refused by `simulate`, after the export)."""
     out = {}
     for part in text.split(","):
         media, sep, count = part.partition("=")
-        if not sep or not count.strip().isdigit():
-            raise ValueError(text)
-        out[media.strip()] = int(count)
+        media = media.strip()
+        if not sep or not re.fullmatch(r"[0-9]+", count.strip()) or int(count) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected MEDIA=N with N at least 1, e.g. LTO-8=10")
+        if media not in MEDIA:
+            raise argparse.ArgumentTypeError(f"{media!r} is not a known technology ({', '.join(MEDIA)})")
+        out[media] = int(count)
     return out
 
 
@@ -36,12 +45,15 @@ class Command(BaseCommand):
         parser.add_argument("--until", type=_moment, required=True, help="ISO 8601 date-time or date (UTC), excluded")
         parser.add_argument("--drives", type=_drives, help="the library's drives, e.g. LTO-8=10,LTO-9=4 "
                                                            "(default: as the stager reports them)")
-        parser.add_argument("--media", help="the technology of tapes the stager gave none for")
+        parser.add_argument("--media", choices=sorted(MEDIA), help="the technology of tapes the stager gave none for")
         parser.add_argument("--name", help="the workload's name")
 
     def handle(self, *args, file, since, until, drives, media, name, **options):
         if since >= until:
             raise CommandError("--since must be before --until")
+        target = Path(file)
+        if target.is_dir() or not target.parent.is_dir():  # said before the export, not as a traceback after
+            raise CommandError(f"{file}: " + ("is a directory" if target.is_dir() else f"no directory {target.parent}"))
         try:
             data = export_workload(since=since, until=until, drives=drives, media=media, name=name)
         except ExportError as exc:
