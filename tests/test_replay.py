@@ -68,6 +68,12 @@ MALFORMED = [
     (lambda d: d["requests"][2].pop("t"), "requests[2].t: missing"),
     (lambda d: d["requests"][2].update(t="soon"), "requests[2].t: expected a number"),
     (lambda d: d.update(requests=[]), "requests: empty"),
+    # Found by a probe: the replay failed later (a submission refusing a path it did not name), its
+    # arithmetic overflowed, or it ran for ever.
+    (lambda d: d["tapes"][0]["files"][0].__setitem__(0, "/data/a\nb"), "tapes[0].files[0][0] (path): '/data/a\\nb'"),
+    (lambda d: d["tapes"][0]["files"][0].__setitem__(0, "/data//a"), "not normalised (as '/data/a')"),
+    (lambda d: d["library"].update(read_rate_mb_s=1e-300), "library.read_rate_mb_s: must lie in 0.001..1e6 MB/s"),
+    (lambda d: d["library"]["drives"].update({"LTO-8": 1_000_000}), "library.drives.LTO-8: at most 1000"),
 ]
 
 

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from numbers import Real
 
+from carousel.domain.paths import check_path
+from carousel.models import CONTROL_BOUNDS
 from carousel.sim.library import DEFAULT_EXCHANGE_S, DEFAULT_ROBOTS, File
 from carousel.tape import MEDIA
 
@@ -82,6 +84,9 @@ def _need(condition, key, problem):
         raise WorkloadError(f"{key}: {problem}")
 
 
+MAX_DRIVES = CONTROL_BOUNDS["drives"][1]
+
+
 def _number(value, key, *, positive=False, integer=False):
     _need(isinstance(value, Real) and not isinstance(value, bool), key, f"expected a number, got {value!r}")
     _need(value == value and abs(value) != float("inf"), key, f"expected a finite number, got {value!r}")
@@ -121,9 +126,13 @@ def parse(data):
     for media, count in _object(library["drives"], "library.drives").items():
         _need(media in MEDIA, f"library.drives.{media}", f"unknown technology; known: {', '.join(MEDIA)}")
         drives[media] = _number(count, f"library.drives.{media}", integer=True)
+        # The control row's bound on drives: a million made the replay run for ever.
+        _need(drives[media] <= MAX_DRIVES, f"library.drives.{media}", f"at most {MAX_DRIVES}, got {drives[media]}")
     _need(sum(drives.values()) > 0, "library.drives", "no drives")
     rate = library.get("read_rate_mb_s")
     rate = None if rate is None else _number(rate, "library.read_rate_mb_s", positive=True)
+    # Tape drives read tens to hundreds of MB/s: 1e-300 overflowed the library's arithmetic.
+    _need(rate is None or 0.001 <= rate <= 1e6, "library.read_rate_mb_s", f"must lie in 0.001..1e6 MB/s, got {rate!r}")
     robots = _number(library.get("robots", DEFAULT_ROBOTS), "library.robots", positive=True, integer=True)
     exchange_s = _number(library.get("exchange_s", DEFAULT_EXCHANGE_S), "library.exchange_s")
 
@@ -156,7 +165,11 @@ def parse(data):
             _need(isinstance(entry, list) and len(entry) == 3, fkey,
                   f"expected [path, size_bytes, offset_bytes], got {entry!r}")
             path = _text(entry[0], f"{fkey}[0] (path)")
-            _need(path.startswith("/"), f"{fkey}[0] (path)", f"{path!r} is not an absolute path")
+            # As every door checks a path (a line break passed here, and the replay's submission
+            # then failed without naming it).
+            normal, problem = check_path(path, max_bytes=4096)
+            _need(problem is None and normal == path, f"{fkey}[0] (path)",
+                  f"{path[:200]!r}: {problem or 'not normalised (as ' + repr(normal) + ')'}")
             size = _number(entry[1], f"{fkey}[1] (size_bytes)", integer=True)
             offset = _number(entry[2], f"{fkey}[2] (offset_bytes)", integer=True)
             _need(offset + size <= used, fkey, f"ends at byte {offset + size}, past the tape's used_bytes {used}")
