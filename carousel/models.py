@@ -333,7 +333,8 @@ class GroupShare(models.Model):
         null=True, blank=True, help_text="Most drives this group may hold at once (empty: no limit).")
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="groupshare_weight_positive"),
+        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="groupshare_weight_positive",
+                                              violation_error_message="The weight must be greater than 0."),
                        models.CheckConstraint(condition=Q(max_drives__isnull=True) | Q(max_drives__gte=F("reserved_drives")),
                                               name="groupshare_max_drives_covers_reserved",
                                               violation_error_message="The most drives cannot be below the reserved "
@@ -375,10 +376,14 @@ class Activity(models.Model):
         ordering = ["group__name", "name"]
         constraints = [
             models.UniqueConstraint(fields=["group", "name"], condition=Q(group__isnull=False),
-                                    name="activity_group_name"),
-            models.UniqueConstraint(fields=["name"], condition=Q(group__isnull=True), name="activity_global_name"),
-            models.CheckConstraint(condition=Q(weight__gt=0, weight__lte=1e6), name="activity_weight_positive"),
-            models.CheckConstraint(condition=Q(priority__lte=3), name="activity_priority_0_to_3"),
+                                    name="activity_group_name",
+                                    violation_error_message="This group already has an activity of that name."),
+            models.UniqueConstraint(fields=["name"], condition=Q(group__isnull=True), name="activity_global_name",
+                                    violation_error_message="An activity of that name for every group exists already."),
+            models.CheckConstraint(condition=Q(weight__gt=0, weight__lte=1e6), name="activity_weight_positive",
+                                   violation_error_message="The weight must be greater than 0 and at most 1,000,000."),
+            models.CheckConstraint(condition=Q(priority__lte=3), name="activity_priority_0_to_3",
+                                   violation_error_message="The priority is 0 to 3."),
         ]
 
     def __str__(self):
@@ -783,7 +788,8 @@ class RestoreRequest(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["user", "path_key"], condition=Q(state__in=ACTIVE_STATES),
                                     name="one_active_request_per_user_and_file"),
-            models.CheckConstraint(condition=Q(priority__lte=3), name="request_priority_0_to_3"),
+            models.CheckConstraint(condition=Q(priority__lte=3), name="request_priority_0_to_3",
+                                   violation_error_message="The priority is 0 to 3."),
             models.CheckConstraint(condition=Q(state__in=RequestState.values), name="request_state_known"),
             # Each state carries the timestamps it implies.
             models.CheckConstraint(condition=Q(state__in=TERMINAL_STATES, finished_at__isnull=False)

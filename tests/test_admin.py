@@ -287,3 +287,20 @@ def test_the_admin_refuses_values_the_loop_cannot_use(as_staff, now):
                                                                       "recent_failures": "0"})
     assert page.status_code == 200 and "Select a valid choice" in page.content.decode()
     assert Tape.objects.get(pk=tape.pk).media == "LTO-8"
+
+
+def test_a_constraint_the_admin_meets_says_what_to_fix_not_its_name(db):
+    """"Constraint "groupshare_weight_positive" is violated." and kin were what a person saw."""
+    from django.contrib.auth.models import Group
+    from django.core.exceptions import ValidationError
+
+    from carousel.models import Activity, GroupShare
+
+    Activity.objects.create(name="Express", priority=1, weight=1)
+    for obj, says in [(Activity(name=" Express ", priority=1, weight=1), "An activity of that name for every group"),
+                      (GroupShare(group=Group.objects.create(name="g"), weight=0), "The weight must be greater than 0"),
+                      (RestoreRequest(path="/a", priority=9), "priority")]:
+        with pytest.raises(ValidationError) as caught:
+            obj.full_clean()
+        text = " ".join(caught.value.messages)
+        assert says in text and "is violated" not in text, text
