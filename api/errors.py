@@ -98,21 +98,23 @@ class ErrorSerializer(serializers.Serializer):
 __all__ = ["exception_handler", "error", "status", "PayloadTooLarge", "ErrorSerializer"]
 
 
-BAD_REQUEST_DETAIL = ("the request could not be read: its Host header names no address this server answers to "
-                      "(ALLOWED_HOSTS), or its headers or body are malformed")
+BAD_HOST = "the request's Host header names no address this server answers to (ALLOWED_HOSTS)"
+BAD_REQUEST = "the request could not be read: its headers or body are malformed"
 
 
 def bad_request(request, exception):
     """Django's 400 (a Host header not in ALLOWED_HOSTS, a malformed request, before any view) in
     each door's error format: the Tape REST door's clients read problem documents, the API's
     its error body; the pages keep Django's. The detail never echoes the request."""
+    from django.core.exceptions import DisallowedHost
     from django.http import JsonResponse
     from django.views import defaults
 
+    detail = BAD_HOST if isinstance(exception, DisallowedHost) else BAD_REQUEST
     path = request.path
     if path.startswith(("/api/tape-rest/", "/.well-known/wlcg-tape-rest-api")):
-        return JsonResponse({"status": 400, "title": "bad request", "detail": BAD_REQUEST_DETAIL}, status=400,
+        return JsonResponse({"status": 400, "title": "bad request", "detail": detail}, status=400,
                             content_type="application/problem+json")
     if path.startswith("/api/"):
-        return JsonResponse({"status": 400, "code": "bad_request", "detail": BAD_REQUEST_DETAIL}, status=400)
+        return JsonResponse({"status": 400, "code": "bad_request", "detail": detail}, status=400)
     return defaults.bad_request(request, exception)

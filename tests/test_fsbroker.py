@@ -18,7 +18,9 @@ MESSAGES = 40
 
 def _race(transport, folder):
     """A writer and a reader of one queue at once; (indexes read, errors seen)."""
-    options = {"data_folder_in": str(folder), "data_folder_out": str(folder), "store_processed": False}
+    # control_folder too: kombu's default is control/ in the working directory (the repository's).
+    options = {"data_folder_in": str(folder), "data_folder_out": str(folder), "store_processed": False,
+               "control_folder": str(folder / "control")}
     got, errors = [], []
 
     def write():

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from carousel.models import Control, RestoreRequest, WlcgIdentity
@@ -158,6 +159,12 @@ def test_gfal2_clients_discover_stage_poll_and_abort(credentials, tmp_path):
     # The abort while the loop is paused: with it running, the file aborted right after its
     # stage could be restored first under a loaded machine (nothing left to cancel; seen once).
     Control.objects.filter(id=1).update(paused=True)
+    # A cycle that read the control row before the pause could still claim the new stage: wait
+    # for one that began after it.
+    paused_at = timezone.now()
+    deadline = time.monotonic() + 60
+    while (Control.objects.get(id=1).last_cycle_at or paused_at) <= paused_at and time.monotonic() < deadline:
+        time.sleep(0.2)
     out.update(python_gfal2([], aborted))
     Control.objects.filter(id=1).update(paused=False)
     assert out["abort"] == [None]

@@ -109,9 +109,12 @@ def test_the_command_rejects_a_malformed_file_naming_the_key(tmp_path):
 def test_the_command_checks_its_options_before_the_replay(db, args, says, monkeypatch):
     """Each failed in the replay's child with a traceback, and a report or plot with nowhere to go
     was lost at the end of the run (15 to 25 minutes on the long workloads); found by a probe."""
+    from carousel.management.commands import simulate
     from carousel.sim import replay as replay_module
 
+    # The broker's replay runs in a child process (simulate.py): neither may start.
     monkeypatch.setattr(replay_module, "replay_broker", lambda *a, **k: pytest.fail("the replay ran"))
+    monkeypatch.setattr(simulate.subprocess, "run", lambda *a, **k: pytest.fail("the replay's child started"))
     with pytest.raises(CommandError, match=re.escape(says)):
         call_command("simulate", str(WORKLOADS / "bnl-704.json"), *args)
 
@@ -323,3 +326,14 @@ def test_max_mounts_per_tape_day_counts_the_busiest_sliding_day_of_one_tape():
     direct = report(w, replay_baseline(w, "direct"))
     assert 1 <= direct["max_mounts_per_tape_day"] <= direct["mounts"]
     assert direct["mounts_per_tape"] == direct["mounts"] / direct["tapes"]
+
+
+def test_the_workloads_bounds_are_the_control_rows_and_the_doors():
+    """carousel/sim/workload.py keeps its own copies (it is read without Django set up)."""
+    from django.conf import settings
+
+    from carousel.models import CONTROL_BOUNDS
+    from carousel.sim import workload
+
+    assert workload.MAX_DRIVES == CONTROL_BOUNDS["drives"][1]
+    assert workload.MAX_PATH_BYTES == settings.CAROUSEL_MAX_PATH_BYTES

@@ -183,3 +183,33 @@ def test_the_hooks_hints_name_what_the_hooks_read(monkeypatch, capsys):
     error = api.ClientError("cannot reach Carousel at http://x", code=api.EXIT_UNAVAILABLE,
                             hint="check CAROUSEL_URL (CAROUSEL_RETRY_S=SECONDS: keep trying that long)")
     assert "CAROUSEL_RETRY_S" not in xrd.explained(error)
+
+
+def test_a_bad_maxresp_does_not_stop_staging(monkeypatch):
+    """Only query's reply is bounded by it: stage, cancel and evict go on (a site with "64k" set
+    stopped staging altogether)."""
+    def server(request):
+        return httpx.Response(201, json={"bulk_id": "b", "files": 1, "created": 1, "existing": 0, "shared": 0})
+    client = api.Client(api.Config("http://carousel.test", "k"), transport=httpx.MockTransport(server))
+    monkeypatch.setattr(xrd, "client", lambda patience=600.0: client)
+    monkeypatch.setenv("CAROUSEL_XRD_MAXRESP", "64k")
+    assert xrd.prepare_main(["--", "xr4", "stage", "/a"]) == 0
+
+
+def test_a_refusal_naming_no_path_sent_is_not_resent_for_ever():
+    sent = []
+
+    def server(request):
+        sent.append(1)
+        return httpx.Response(400, json={"status": 400, "code": "invalid", "detail": "rejected",
+                                         "errors": [{"index": 7, "path": "/x", "message": "odd"}, {"index": "0"}]})
+    client = api.Client(api.Config("http://carousel.test", "k"), transport=httpx.MockTransport(server))
+    with pytest.raises(api.ClientError):
+        xrd.prepare_stage(client, "rid", ["/a"], {})
+    assert len(sent) == 1
+
+
+def test_a_hint_about_the_token_file_is_kept():
+    error = api.ClientError("cannot read CAROUSEL_TOKEN_FILE", code=api.EXIT_CONFIG,
+                            hint="check CAROUSEL_TOKEN_FILE and that this user may read it")
+    assert "that this user may read it" in xrd.explained(error)

@@ -225,7 +225,9 @@ def _file_activity(index, meta, sitename):
         if not isinstance(part, dict) or part.get("activity") is None:
             continue
         name = part["activity"]
-        if not (isinstance(name, str) and name.strip() and len(name) <= 128 and name.isprintable()):
+        if isinstance(name, str) and not name.strip():
+            continue  # empty: none given, as the native API takes "" (the default activity)
+        if not (isinstance(name, str) and len(name) <= 128 and name.isprintable()):
             # It was cut to 128 characters, or left out when not a string, without a word.
             raise grid.InvalidSubmission(f"files[{index}].targetedMetadata.{key}.activity: expected an activity "
                                          "name of at most 128 printable characters, e.g. \"Express\"")

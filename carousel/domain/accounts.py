@@ -16,7 +16,6 @@ class AccountError(ValueError):
     pass
 
 
-@transaction.atomic
 def _check_name(what, name):
     """A user's or group's name as the admin takes it: not empty, at most 150 characters, no
     control character (the commands stored "", 300 characters and a tab)."""
@@ -29,6 +28,7 @@ def _check_count(what, value):
         raise AccountError(f"{what} must be 0 or more, got {value}")
 
 
+@transaction.atomic
 def ensure_group(name, *, weight=None, inflight_cap=None):
     """The group `name` with its share row; given values replace the stored ones."""
     _check_name("a group's name", name)

@@ -37,8 +37,10 @@ def _length_required(environ, start_response):
     path = environ.get("PATH_INFO", "")
     if path.startswith(("/api/tape-rest/", "/.well-known/wlcg-tape-rest-api")):
         media, body = "application/problem+json", {"status": 411, "title": "length required", "detail": LENGTH_REQUIRED}
-    else:
+    elif path.startswith("/api/"):
         media, body = "application/json", {"status": 411, "code": "length_required", "detail": LENGTH_REQUIRED}
-    data = json.dumps(body).encode()
+    else:  # the pages and the admin
+        media, body = "text/plain; charset=utf-8", None
+    data = json.dumps(body).encode() if body else f"Length Required: {LENGTH_REQUIRED}\n".encode()
     start_response("411 Length Required", [("Content-Type", media), ("Content-Length", str(len(data)))])
     return [data]

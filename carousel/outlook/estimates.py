@@ -845,6 +845,9 @@ def request_outlooks(requests, *, user, ctx):
         .values_list("id", "state", "chain", "files")}
     cycle_s = ctx.control.cycle_s
     held = _held_until(ctx)
+    # A planned mount is sent when the one before it ends, whatever the caps (they apply when
+    # work is chosen): only the pause holds it.
+    held_planned = _held_until(ctx) if ctx.control.paused else ""
     out = {}
     for r in requests:
         job_state, chain, job_files = jobs.get(r.job_id, (None, "", 0))
@@ -901,8 +904,8 @@ def request_outlooks(requests, *, user, ctx):
                 ahead_of_it = _mounts_ahead(proj, chain, r.job_id)
             elif at_stager:
                 eta = (0.0, None)
-            if held:
-                eta, notes = _held(eta), (*notes, held)
+            if held_planned:
+                eta, notes = _held(eta), (*notes, held_planned)
             out[r.id] = Outlook(own_ahead=0, ahead=0, eta=eta, reasons=(
                 f"planned on drive {chain or '?'}: sent to the stager once the mount before it there "
                 f"is done{ahead_of_it}", *notes))

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from numbers import Real
 
 from carousel.domain.paths import check_path
-from carousel.models import CONTROL_BOUNDS
 from carousel.sim.library import DEFAULT_EXCHANGE_S, DEFAULT_ROBOTS, File
 from carousel.tape import MEDIA
 
@@ -84,7 +83,11 @@ def _need(condition, key, problem):
         raise WorkloadError(f"{key}: {problem}")
 
 
-MAX_DRIVES = CONTROL_BOUNDS["drives"][1]
+# The control row's bound on drives (carousel/models.py CONTROL_BOUNDS; tests/test_replay.py checks
+# they agree). Not imported: this module is read without Django set up (benchmarks/replay.py).
+MAX_DRIVES = 1000
+# The doors' default longest path (settings.CAROUSEL_MAX_PATH_BYTES), for the same reason.
+MAX_PATH_BYTES = 4096
 
 
 def _number(value, key, *, positive=False, integer=False):
@@ -167,7 +170,7 @@ def parse(data):
             path = _text(entry[0], f"{fkey}[0] (path)")
             # As every door checks a path (a line break passed here, and the replay's submission
             # then failed without naming it).
-            normal, problem = check_path(path, max_bytes=4096)
+            normal, problem = check_path(path, max_bytes=MAX_PATH_BYTES)
             _need(problem is None and normal == path, f"{fkey}[0] (path)",
                   f"{path[:200]!r}: {problem or 'not normalised (as ' + repr(normal) + ')'}")
             size = _number(entry[1], f"{fkey}[1] (size_bytes)", integer=True)

@@ -43,8 +43,9 @@ def client(patience=600.0):
     return api.Client(api.Config.load(use_file=False), patience=patience)
 
 
-# The hooks read XRootD's environment only, and keep their own patience: the command's hints
-# (a configuration file, CAROUSEL_RETRY_S) would send a site to settings the hooks ignore.
+# The hooks read XRootD's environment only, and keep their own patience: a hint of the command's
+# that names its configuration file or CAROUSEL_RETRY_S would send a site to settings the hooks
+# ignore. Other hints (a token file the user cannot read, try again later) hold as they are.
 HOOK_HINTS = {api.EXIT_CONFIG: "the hooks read CAROUSEL_URL and CAROUSEL_TOKEN (or CAROUSEL_TOKEN_FILE) from "
                                "XRootD's environment, never a configuration file",
               api.EXIT_UNAVAILABLE: "check CAROUSEL_URL in XRootD's environment and that the server is running"}
@@ -52,7 +53,9 @@ HOOK_HINTS = {api.EXIT_CONFIG: "the hooks read CAROUSEL_URL and CAROUSEL_TOKEN (
 
 def explained(error):
     """A ClientError's message and a hint that holds for the hooks."""
-    hint = HOOK_HINTS.get(error.code, error.hint)
+    hint = error.hint
+    if hint and ("client.ini" in hint or "CAROUSEL_RETRY_S" in hint or str(api.CONFIG_FILE) in hint):
+        hint = HOOK_HINTS.get(error.code, "")
     return error.message + (f" ({hint})" if hint else "")
 
 
@@ -199,13 +202,15 @@ def prepare_main(argv=None):
     except ValueError as exc:
         log(str(exc))
         return 2
-    try:
-        limit = int(os.environ.get("CAROUSEL_XRD_MAXRESP") or DEFAULT_MAXRESP)
-        if limit < 1:
-            raise ValueError
-    except ValueError:
-        log(f"CAROUSEL_XRD_MAXRESP must be a number of bytes above 0, not {os.environ.get('CAROUSEL_XRD_MAXRESP')!r}")
-        return 2
+    if action == "query":  # the only action it bounds: a bad value must not stop staging
+        try:
+            limit = int(os.environ.get("CAROUSEL_XRD_MAXRESP") or DEFAULT_MAXRESP)
+            if limit < 1:
+                raise ValueError
+        except ValueError:
+            log(f"CAROUSEL_XRD_MAXRESP must be a number of bytes above 0, not "
+                f"{os.environ.get('CAROUSEL_XRD_MAXRESP')!r}")
+            return 2
     try:
         carousel = client(patience=20.0)
         if action in ("stage", "prep"):
@@ -245,14 +250,15 @@ def prepare_stage(carousel, reqid, paths, options):
             result = carousel.submit(left, **body)
             break
         except ClientError as error:
-            bad = {e.get("index") for e in (error.body or {}).get("errors") or []} \
-                if error.code == api.EXIT_REFUSED and isinstance(error.body, dict) else set()
-            bad.discard(None)
-            if not bad:
+            listed = (error.body or {}).get("errors") if error.code == api.EXIT_REFUSED and isinstance(
+                error.body, dict) else None
+            # Only indexes into what was sent: anything else would resend the same list for ever.
+            named = {e["index"]: e.get("message") for e in listed or []
+                     if isinstance(e, dict) and isinstance(e.get("index"), int) and 0 <= e["index"] < len(left)}
+            if not named:
                 raise
-            refused += [(left[i], e.get("message")) for e in error.body["errors"] for i in [e.get("index")]
-                        if isinstance(i, int) and 0 <= i < len(left)]
-            left = [p for i, p in enumerate(left) if i not in bad]
+            refused += [(left[i], why) for i, why in sorted(named.items())]
+            left = [p for i, p in enumerate(left) if i not in named]
             if not left:
                 break
     for path, why in refused:
