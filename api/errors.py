@@ -107,14 +107,13 @@ def bad_request(request, exception):
     each door's error format: the Tape REST door's clients read problem documents, the API's
     its error body; the pages keep Django's. The detail never echoes the request."""
     from django.core.exceptions import DisallowedHost
-    from django.http import JsonResponse
+    from django.http import HttpResponse
     from django.views import defaults
 
+    from carousel.infra import doors
+
+    if doors.door(request.path) == "pages":
+        return defaults.bad_request(request, exception)
     detail = BAD_HOST if isinstance(exception, DisallowedHost) else BAD_REQUEST
-    path = request.path
-    if path.startswith(("/api/tape-rest/", "/.well-known/wlcg-tape-rest-api")):
-        return JsonResponse({"status": 400, "title": "bad request", "detail": detail}, status=400,
-                            content_type="application/problem+json")
-    if path.startswith("/api/"):
-        return JsonResponse({"status": 400, "code": "bad_request", "detail": detail}, status=400)
-    return defaults.bad_request(request, exception)
+    media, body = doors.error(request.path, 400, title="bad request", code="bad_request", detail=detail)
+    return HttpResponse(body, status=400, content_type=media)

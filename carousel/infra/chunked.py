@@ -5,9 +5,10 @@ that reading it to its end is safe (`wsgi.input_terminated`, set by gunicorn); i
 at most one byte past the body limit, and handed on with its length. A body past the limit
 keeps a length past it, and both doors answer 413 without reading further."""
 import io
-import json
 
 from django.conf import settings
+
+from carousel.infra import doors
 
 
 LENGTH_REQUIRED = ("this server cannot read a body sent chunked: send it with a Content-Length (the development "
@@ -32,15 +33,8 @@ class ChunkedBodies:
 
 
 def _length_required(environ, start_response):
-    """411 in the door's error format (a problem document on the Tape REST door, the API's body
-    elsewhere)."""
-    path = environ.get("PATH_INFO", "")
-    if path.startswith(("/api/tape-rest/", "/.well-known/wlcg-tape-rest-api")):
-        media, body = "application/problem+json", {"status": 411, "title": "length required", "detail": LENGTH_REQUIRED}
-    elif path.startswith("/api/"):
-        media, body = "application/json", {"status": 411, "code": "length_required", "detail": LENGTH_REQUIRED}
-    else:  # the pages and the admin
-        media, body = "text/plain; charset=utf-8", None
-    data = json.dumps(body).encode() if body else f"Length Required: {LENGTH_REQUIRED}\n".encode()
+    """411 in the door's words (carousel/infra/doors.py)."""
+    media, data = doors.error(environ.get("PATH_INFO", ""), 411, title="length required", code="length_required",
+                              detail=LENGTH_REQUIRED)
     start_response("411 Length Required", [("Content-Type", media), ("Content-Length", str(len(data)))])
     return [data]

@@ -3,9 +3,9 @@ and reaching the database it was a 500 wherever a parameter filters a list: the 
 `?label=`, the admin's column filters (`?state=`, `?label=`, of every model). Refused here,
 before any view, with 400 saying which parameter: the API in its JSON error format
 (api/errors.py; RFC 7807 on the Tape REST door), pages as text."""
-import json
-
 from django.http import HttpResponse
+
+from carousel.infra import doors
 
 
 def nul_parameter(query):
@@ -26,11 +26,7 @@ class QueryNulMiddleware:
             return self.get_response(request)
         shown = name.replace("\x00", "\\0")[:50]
         message = "contains a NUL byte"
-        if request.path.startswith("/api/tape-rest/"):
-            body = {"status": 400, "title": "invalid request", "detail": f"query parameter {shown!r} {message}"}
-            return HttpResponse(json.dumps(body), status=400, content_type="application/problem+json")
-        if request.path.startswith("/api/"):
-            body = {"status": 400, "code": "invalid", "detail": f"{shown}: {message}", "fields": {shown: [message]}}
-            return HttpResponse(json.dumps(body), status=400, content_type="application/json")
-        return HttpResponse(f"Bad request: the query parameter {shown!r} {message}.\n", status=400,
-                            content_type="text/plain; charset=utf-8")
+        media, body = doors.error(request.path, 400, title="bad request", code="invalid",
+                                  detail=f"the query parameter {shown!r} {message}", api_detail=f"{shown}: {message}",
+                                  fields={shown: [message]})
+        return HttpResponse(body, status=400, content_type=media)
