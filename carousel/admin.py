@@ -375,18 +375,12 @@ class FileLocationAdmin(LoopsRecord, ChecksSelection, admin.ModelAdmin):
 
 
 @admin.register(TapeMapEntry)
-class TapeMapEntryAdmin(ChecksSelection, admin.ModelAdmin):
+class TapeMapEntryAdmin(LoopsRecord, ChecksSelection, admin.ModelAdmin):
     """The site's tape map, as `manage.py load-tape-map` stored it (it is edited by loading)."""
 
     list_display = ["path", "tape", "media", "position", "size", "loaded_at"]
     search_fields = ["path", "tape"]
     show_full_result_count = False
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
     def has_delete_permission(self, request, obj=None):
         return False  # read only, as the README says: loading a map changes it
