@@ -93,7 +93,12 @@ class Singleton(models.Model):
         # the two rows took 9 % of a fault seed's CPU). raw() still applies the fields'
         # converters and gives the model's instance.
         table = connection.ops.quote_name(cls._meta.db_table)
-        for row in cls.objects.raw(f"SELECT * FROM {table} WHERE id = %s", [1]):
+
+        def read():
+            return next(iter(cls.objects.raw(f"SELECT * FROM {table} WHERE id = %s", [1])), None)
+
+        row = read()
+        if row is not None:
             return row
         # Missing: made here, on first use. Inside one REPEATABLE READ snapshot (a page's reads,
         # db.one_snapshot) a row another process made after the snapshot is neither seen nor
@@ -106,9 +111,7 @@ class Singleton(models.Model):
                 if cursor.fetchone()[0] != "read committed":
                     return cls(id=1)
         cls.objects.bulk_create([cls(id=1)], ignore_conflicts=True)  # a concurrent first use made it too
-        for row in cls.objects.raw(f"SELECT * FROM {table} WHERE id = %s", [1]):
-            return row
-        return cls(id=1)
+        return read() or cls(id=1)
 
 
 DAY = 86400.0

@@ -1,6 +1,7 @@
 """export-workload: a small workload run through the real loop and the simulated library in
 the test database, exported, gives back its tapes, files and requests; simulate accepts it."""
 import json
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -80,25 +81,18 @@ def test_unknown_positions_are_laid_end_to_end_and_said(db, tmp_path, alice, now
     load(out)
 
 
-def test_bad_arguments_are_refused(db, tmp_path):
-    with pytest.raises(CommandError, match="no located request"):
-        call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-01", "--until", "2026-01-02",
-                     "--drives", "LTO-8=1")
-    with pytest.raises(CommandError, match="'LTO-99' is not a known technology"):
-        call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-01", "--until", "2026-01-02",
-                     "--drives", "LTO-99=1")
-    # Found by a probe: a workload `simulate` then refused, and tracebacks for the file's place.
-    with pytest.raises(CommandError, match="expected MEDIA=N with N at least 1"):
-        call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-01", "--until", "2026-01-02",
-                     "--drives", "LTO-8=0")
-    with pytest.raises(CommandError, match="invalid choice: 'LTO-99'"):
-        call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-01", "--until", "2026-01-02",
-                     "--media", "LTO-99")
-    with pytest.raises(CommandError, match="no directory"):
-        call_command("export-workload", str(tmp_path / "nowhere" / "x.json"), "--since", "2026-01-01",
-                     "--until", "2026-01-02")
-    with pytest.raises(CommandError, match="is a directory"):
-        call_command("export-workload", str(tmp_path), "--since", "2026-01-01", "--until", "2026-01-02")
-    with pytest.raises(CommandError, match="--since must be before"):
-        call_command("export-workload", str(tmp_path / "x.json"), "--since", "2026-01-02", "--until", "2026-01-01")
+# Found by a probe, the last four: a workload `simulate` then refused, or a traceback for the file's place.
+@pytest.mark.parametrize("target, args, says", [
+    ("x.json", ["--drives", "LTO-8=1"], "no located request"),
+    ("x.json", ["--drives", "LTO-99=1"], "'LTO-99' is not a known technology"),
+    ("x.json", ["--drives", "LTO-8=0"], "expected MEDIA=N with N at least 1"),
+    ("x.json", ["--media", "LTO-99"], "invalid choice: 'LTO-99'"),
+    ("nowhere/x.json", [], "no directory"),
+    ("", [], "is a directory"),
+    ("x.json", ["--since", "2026-01-02", "--until", "2026-01-01"], "--since must be before"),
+])
+def test_bad_arguments_are_refused(db, tmp_path, target, args, says):
+    period = [] if "--since" in args else ["--since", "2026-01-01", "--until", "2026-01-02"]
+    with pytest.raises(CommandError, match=re.escape(says)):
+        call_command("export-workload", str(tmp_path / target), *period, *args)
     assert not (tmp_path / "x.json").exists()

@@ -847,7 +847,7 @@ def request_outlooks(requests, *, user, ctx):
     held = _held_until(ctx)
     # A planned mount is sent when the one before it ends, whatever the caps (they apply when
     # work is chosen): only the pause holds it.
-    held_planned = _held_until(ctx) if ctx.control.paused else ""
+    held_planned = held if ctx.control.paused else ""  # _held_until names the pause first
     out = {}
     for r in requests:
         job_state, chain, job_files = jobs.get(r.job_id, (None, "", 0))

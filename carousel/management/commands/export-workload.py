@@ -1,11 +1,11 @@
 import argparse
 import re
 from datetime import datetime, timezone
-from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_date, parse_datetime
 
+from carousel.management.targets import check_output
 from carousel.ops.export import ExportError, export_workload, write_workload
 from carousel.tape import MEDIA
 
@@ -51,9 +51,7 @@ class Command(BaseCommand):
     def handle(self, *args, file, since, until, drives, media, name, **options):
         if since >= until:
             raise CommandError("--since must be before --until")
-        target = Path(file)
-        if target.is_dir() or not target.parent.is_dir():  # said before the export, not as a traceback after
-            raise CommandError(f"{file}: " + ("is a directory" if target.is_dir() else f"no directory {target.parent}"))
+        check_output(file)  # said before the export, not as a traceback after
         try:
             data = export_workload(since=since, until=until, drives=drives, media=media, name=name)
         except ExportError as exc:

@@ -23,6 +23,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from carousel.management.targets import check_output
+
 from carousel.infra import plugins
 from carousel.sim import plots, replay
 from carousel.sim.library import Mismatch
@@ -92,10 +94,7 @@ class Command(BaseCommand):
         # was lost at its end, a control value out of bounds failed in the child with a traceback.
         for option in ("report", "plot"):
             if options[option]:
-                target = Path(options[option])
-                if target.is_dir() or not target.parent.is_dir():
-                    raise CommandError(f"--{option} {target}: " + ("is a directory" if target.is_dir() else
-                                                                   f"no directory {target.parent}"))
+                check_output(options[option], f"--{option}")
         self._check_control(self._control(options))
         for option, registry in (("sort", "CAROUSEL_SORT_POLICIES"), ("share", "CAROUSEL_SHARE_POLICIES")):
             if options[option]:
