@@ -238,20 +238,29 @@ class BulkSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class IdsSerializer(StrictSerializer):
-    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=MAX_ID), allow_empty=False,
-                                max_length=100_000)
+class UpToASubmission(serializers.ListField):
+    """A list of at most as many entries as one submission may hold
+    (CAROUSEL_MAX_PATHS_PER_SUBMISSION): a cancel or a release covers a whole submission in one
+    call. Read each time a serializer is made (DRF makes its fields anew from their arguments for
+    each one), so the limit, the check and the schema's maxItems are the setting's."""
+
+    def __init__(self, **kwargs):
+        limit = settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION
+        kwargs["error_messages"] = {**kwargs.get("error_messages", {}), "max_length": (
+            f"at most {limit:,} entries in one call (as many as one submission may hold); send the rest in "
+            "another call")}
+        super().__init__(max_length=limit, **kwargs)
 
 
 class CancelManySerializer(StrictSerializer):
     """Either `ids` or `paths`; `all_users` (by path only) needs the change permission."""
 
-    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=MAX_ID), allow_empty=False,
-                                max_length=100_000, required=False)
-    paths = serializers.ListField(child=serializers.CharField(max_length=4096, trim_whitespace=False),
-                                  allow_empty=False, max_length=100_000, required=False,
-                                  help_text="cancel your active requests for these paths, files still being "
-                                            "queued included")
+    ids = UpToASubmission(child=serializers.IntegerField(min_value=1, max_value=MAX_ID), allow_empty=False,
+                          required=False)
+    paths = UpToASubmission(child=serializers.CharField(max_length=4096, trim_whitespace=False),
+                            allow_empty=False, required=False,
+                            help_text="cancel your active requests for these paths, files still being queued "
+                                      "included")
     all_users = serializers.BooleanField(default=False, help_text="with paths: every user's requests for them "
                                                                   "(needs the change permission)")
 

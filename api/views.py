@@ -176,8 +176,7 @@ class RequestCancelMany(APIView):
 class PathsSerializer(s.StrictSerializer):
     # As many as one submission may hold (and a cancel by paths takes): a release ends the pins of
     # a whole submission at once.
-    paths = serializers.ListField(child=serializers.CharField(max_length=4096), allow_empty=False,
-                                  max_length=settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION)
+    paths = s.UpToASubmission(child=serializers.CharField(max_length=4096), allow_empty=False)
 
     def validate_paths(self, value):
         # CharField takes 1 for "1": each entry as sent is checked as every door checks a path.

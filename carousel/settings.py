@@ -137,11 +137,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Limits of one submission: its paths; a cancel or a release takes as many in one call.
+CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
 # The largest body the API and the pages read (past it: 413 in the API's error format). The
-# submit endpoint takes 100,000 paths in one body: 64 MiB fits 100,000 paths of 600 bytes each
-# (archive paths are 60-200 bytes; a path may be up to 4096 bytes, but 100,000 of those would be
-# 410 MB held in a web worker's memory: split such a list into several submissions).
-DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
+# submit endpoint takes a whole submission in one body: 64 MiB is 671 bytes for each of 100,000
+# paths (a path of 600 bytes, its JSON quotes and comma), and a site's larger limit gets as much
+# a path; never less than 64 MiB, which the Tape REST door's 100,000 files need too (archive
+# paths are 60-200 bytes; a path may be up to 4096 bytes, but 100,000 of those would be 410 MB
+# held in a web worker's memory: split such a list into several submissions).
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(64 * 1024 * 1024, 671 * CAROUSEL_MAX_PATHS_PER_SUBMISSION)
 
 AUTH_PASSWORD_VALIDATORS = []
 # Failed logins are limited (django-axes): after AXES_FAILURE_LIMIT failures for one user name from
@@ -386,8 +390,6 @@ CAROUSEL_WLCG_KEYS_KEEP_S = float(os.environ.get("CAROUSEL_WLCG_KEYS_KEEP_S", st
 CAROUSEL_WLCG_FETCH_GAP_S = float(os.environ.get("CAROUSEL_WLCG_FETCH_GAP_S", "60"))
 CAROUSEL_WLCG_FETCH_TIMEOUT_S = 10.0
 
-# Limits of one submission.
-CAROUSEL_MAX_PATHS_PER_SUBMISSION = int(os.environ.get("CAROUSEL_MAX_PATHS_PER_SUBMISSION", "100000"))
 # A submission of more new files than this is answered once they are durable in the intake and
 # queued moments later (carousel/domain/intake.py). Storing a request directly costs about 60 us
 # (docs/benchmarks.md, "Ingest against a bare COPY"), so up to 1,000 files are queued within the

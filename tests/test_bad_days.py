@@ -541,3 +541,23 @@ def test_the_native_release_takes_as_many_paths_as_a_cancel(alice, as_alice, now
     assert answer.status_code == 200, answer.content[:300]
     assert answer.json() == {"released": 2}
     assert not RestoreRequest.objects.filter(pin_until__isnull=False).exists()
+
+
+def test_a_cancel_and_a_release_take_as_many_entries_as_the_sites_submission_limit(alice, as_alice, now, settings):
+    """requests/cancel/ took 100,000 ids or paths whatever CAROUSEL_MAX_PATHS_PER_SUBMISSION said
+    (written into the serializer), and release read the setting once, at import: a site that
+    raised the limit could not cancel a whole submission in one call, nor one that lowered it be
+    sure of its bound."""
+    settings.CAROUSEL_MAX_PATHS_PER_SUBMISSION = 3
+    restore_submit(user=alice, now=now, paths=["/lim/a", "/lim/b", "/lim/c"])
+    ids = list(RestoreRequest.objects.filter(path__startswith="/lim/").values_list("id", flat=True))
+    for url, body in [("/api/v1/requests/cancel/", {"ids": [*ids, ids[0] + 1000]}),
+                      ("/api/v1/requests/cancel/", {"paths": ["/lim/a", "/lim/b", "/lim/c", "/lim/d"]}),
+                      ("/api/v1/requests/release/", {"paths": ["/lim/a", "/lim/b", "/lim/c", "/lim/d"]})]:
+        answer = as_alice.post(url, body, format="json")
+        assert answer.status_code == 400, (url, answer.content[:300])
+        assert "at most 3 entries in one call" in answer.content.decode(), answer.content[:300]
+    assert RestoreRequest.objects.filter(path__startswith="/lim/", state="queued").count() == 3  # nothing done
+    assert as_alice.post("/api/v1/requests/cancel/", {"ids": ids}, format="json").json()["cancelled"] == 3
+    schema = as_alice.get("/api/schema/?format=json").json()["components"]["schemas"]
+    assert schema["CancelMany"]["properties"]["paths"]["maxItems"] == 3  # what the schema says too
