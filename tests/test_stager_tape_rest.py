@@ -210,6 +210,18 @@ def test_it_locates(server, stager):
     assert "No such file" in answer[5].message
 
 
+def test_an_archiveinfo_error_is_classed_by_its_words(server, stager):
+    """Every per-path error of archiveinfo failed the file at once (permanent), also "not known
+    yet, being located; ask again", which a second Carousel's door answers for a file it has not
+    located yet: the user's request failed for a wait of seconds."""
+    server.archive_errors = {"/data/soon": "not known yet, being located; ask again",
+                             "/data/busy": "internal error, try later", "/data/gone": "No such file or directory"}
+    answer = stager.locate(["/data/soon", "/data/busy", "/data/gone"])
+    assert [(type(a), a.error_class) for a in answer] == [
+        (LocateError, "transient"), (LocateError, "transient"), (LocateError, "permanent")]
+    assert "being located" in answer[0].message
+
+
 def test_it_takes_a_tape_label_a_server_offers(server, stager):
     server.files = {"/data/a": "TAPE", "/data/b": "TAPE", "/data/c": "TAPE"}
     server.archive_extras = {"/data/a": {"metadata": {"vid": "L80001"}},

@@ -136,7 +136,10 @@ class TapeRestStager(Stager):
         if entry is None:
             return LocateError(path, "transient", "tape REST archiveinfo did not answer for this file")
         if entry.get("error"):
-            return LocateError(path, "permanent", f"tape REST archiveinfo: {entry['error']}")
+            # Classed by its words, as a stage request's errors are: "no such file" fails the
+            # request, "not known yet, being located; ask again" (a second Carousel's door) or
+            # a server's passing trouble is asked again at the next locate.
+            return LocateError(path, error_class(entry["error"]), f"tape REST archiveinfo: {entry['error']}")
         locality = entry.get("locality")
         if locality == "LOST":
             return LocateError(path, "permanent", "tape REST archiveinfo: the file is LOST")

@@ -26,6 +26,7 @@ class TapeRestServer:
         self.failing = dict(failing or {})
         self.files = dict(files or {})  # archiveinfo's namespace: path -> locality (None: unknown)
         self.archive_extras = {}  # path -> fields beyond v1 to add to its archiveinfo entry
+        self.archive_errors = {}  # path -> the error its archiveinfo entry gives instead
         self.sitename = sitename
         self.requests = {}  # request id -> {"createdAt", "startedAt", "files": {path: file dict}}
         self.stage_bodies = []
@@ -139,7 +140,9 @@ class TapeRestServer:
     def archiveinfo(self, handler, body):
         answer = []
         for path in (body or {}).get("paths", []):
-            if path not in self.files:
+            if path in self.archive_errors:
+                answer.append({"path": path, "error": self.archive_errors[path]})
+            elif path not in self.files:
                 answer.append({"path": path, "error": "No such file or directory"})
             elif self.files[path] is None:
                 answer.append({"path": path})
