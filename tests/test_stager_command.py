@@ -155,6 +155,13 @@ def test_a_missing_script_gives_a_clear_error(tmp_path):
     ('{"path": "/data/a.root", "tape": "T1", "size": 1}', 1, '"position" is missing'),
     ('{"path": "/data/a.root", "tape": "T1", "position": "0", "size": 1}', 1, '"position" must be an integer, not "0"'),
     ('{"path": "/data/a.root", "tape": "T1", "position": 0, "size": -1}', 1, '"size" must not be negative'),
+    # What the database could not store failed its insert, and the cycle with a database error.
+    ('{"path": "/data/a.root", "tape": "%s", "position": 0, "size": 1}' % ("T" * 65), 1,
+     '"tape" is longer than 64 characters'),
+    ('{"path": "/data/a.root", "tape": "T1", "position": 0, "size": 1, "media": "%s"}' % ("M" * 33), 1,
+     '"media" is longer than 32 characters'),
+    ('{"path": "/data/a.root", "tape": "T1", "position": %d, "size": 1}' % 2**63, 1,
+     '"position" must be at most 9223372036854775807'),
     ('{"path": "/data/a.root", "error": "gone", "class": "fatal"}', 1,
      '"class" must be one of permanent, transient, user'),
     ('{"path": "/data/b.root", "tape": "T1", "position": 0, "size": 1}', 1, "this path was not asked for"),

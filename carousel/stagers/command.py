@@ -27,9 +27,9 @@ import shlex
 import signal
 import subprocess
 
-from carousel.models import ErrorClass, Job
+from carousel.models import ErrorClass, Job, Tape
 from carousel.stagers.base import (
-    FileStatus, LocateError, Location, Stager, StagerUnavailable, directory_tape_label,
+    MAX_LABEL, FileStatus, LocateError, Location, Stager, StagerUnavailable, directory_tape_label,
 )
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ class _Problem(Exception):
 
 
 _REQUIRED = object()
+MAX_COUNT = 2**63 - 1  # positions and sizes are stored as bigint
+MAX_MEDIA = Tape._meta.get_field("media").max_length
 _KIND_NAMES = {str: "a string", int: "an integer"}
 
 
@@ -69,6 +71,17 @@ def _count(obj, key):
     value = _field(obj, key, int)
     if value < 0:
         raise _Problem(f'"{key}" must not be negative, not {value}')
+    if value > MAX_COUNT:
+        raise _Problem(f'"{key}" must be at most {MAX_COUNT} (a signed 64-bit integer), not {value}')
+    return value
+
+
+def _text(obj, key, limit, default=_REQUIRED):
+    """A string field of at most `limit` characters (the column it is stored in): a longer one
+    refused here names the line; stored, it failed the database's insert, and the whole cycle."""
+    value = _field(obj, key, str, default)
+    if value is not None and len(value) > limit:
+        raise _Problem(f'"{key}" is longer than {limit} characters')
     return value
 
 
@@ -141,7 +154,7 @@ class CommandStager(Stager):
                 answers[path] = LocateError(path=path, error_class=_error_class(obj),
                                             message=_field(obj, "error", str))
                 return
-            tape = _field(obj, "tape", str, None)
+            tape = _text(obj, "tape", MAX_LABEL, None)
             if tape is None:
                 # The tape system does not say: the site's tape map may (carousel/loop/locating.py).
                 size = _count(obj, "size") if obj.get("size") is not None else 0
@@ -151,7 +164,7 @@ class CommandStager(Stager):
             if not tape.strip():
                 raise _Problem('"tape" is empty')
             answers[path] = Location(path=path, tape=tape, position=_count(obj, "position"),
-                                     size=_count(obj, "size"), media=_field(obj, "media", str, ""))
+                                     size=_count(obj, "size"), media=_text(obj, "media", MAX_MEDIA, ""))
 
         self._read_lines("locate", self._run("locate", (), paths), read)
         return [answers[path] for path in paths if path in answers]
