@@ -14,6 +14,7 @@ from carousel.sim.library import File, Library
 from carousel.loop.cycle import run_cycle
 from carousel.models import Control, Job, JobState, RestoreRequest, StagerHealth
 from carousel.domain.services import restore_submit
+from carousel.stagers.base import StagerUnavailable
 from carousel.stagers.simulated import SimulatedStager
 from carousel.tape import GB, mount_profile, tape_work_s
 
@@ -650,3 +651,47 @@ def test_a_short_mount_cuts_the_long_mount_with_least_left(planned, alice, bob):
     run_cycle(now=now + timedelta(seconds=300), stager=stager)
     short = Job.objects.get(tape__label="S")
     assert short.jumps_queue and (short.chain, short.after_id) == (long["L1"].chain, long["L1"].id)
+
+
+class LosesAnAnswer:
+    """The library, but the answer to the first submit of tape `tape`'s job is lost (a timeout
+    after the library took it): the job stays pending, tried, and is sent again with its id."""
+
+    def __init__(self, inner, tape):
+        self.inner, self.tape, self.lost = inner, tape, False
+
+    def submit(self, job):
+        backend_id = self.inner.submit(job)
+        if not self.lost and any(p.startswith(f"/d/{self.tape}/") for p in job.paths):
+            self.lost = True
+            raise StagerUnavailable("the stage call timed out")
+        return backend_id
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_files_of_a_tape_whose_job_was_tried_are_not_merged_into_it(planned, alice):
+    """A pending job already tried (its submit timed out after the stager took it) is sent again
+    with its id, which every stager takes as the same job with the files it had: new files of
+    its tape merged into it were never read (the simulated library and HPSS ignore them, so
+    they waited for the job's deadline). They make a job of their own. (A reviewer's finding.)"""
+    now = planned
+    tapes = {f"T{t}": [(f"/d/T{t}/f{i}", i * 200 * GB, 20 * GB) for i in range(12)] for t in range(2)}
+    library, clock = library_stager(1, tapes)
+    stager = LosesAnAnswer(library, "T1")
+    restore_submit(user=alice, paths=[f"/d/T0/f{i}" for i in range(12)] + [f"/d/T1/f{i}" for i in range(6)], now=now)
+
+    def t1_tried():
+        return Job.objects.filter(state=JobState.PENDING, sent_at__isnull=False).exists()
+
+    assert run_until(stager, clock, now, t1_tried, limit=20_000)
+    tried = Job.objects.get(state=JobState.PENDING, sent_at__isnull=False)
+    restore_submit(user=alice, paths=[f"/d/T1/f{i}" for i in range(6, 12)], now=now + timedelta(seconds=clock[0]))
+    assert run_until(stager, clock, now, all_done, limit=60_000), list(
+        RestoreRequest.objects.exclude(state="done").values_list("path", "state", "job_id"))
+    # Read in the job the stager took, or a job of their own; never failed for missing from it.
+    assert not RestoreRequest.objects.filter(attempts__gt=1).exists(), list(
+        RestoreRequest.objects.filter(attempts__gt=1).values_list("path", "attempts", "last_error"))
+    assert set(RestoreRequest.objects.filter(job=tried).values_list("path", flat=True)) == {
+        f"/d/T1/f{i}" for i in range(6)}

@@ -137,8 +137,12 @@ class MountPlanner:
         load.update(dict(RestoreRequest.objects.filter(user_id__in=list(load), state__in=IN_FLIGHT_STATES)
                          .order_by().values_list("user_id").annotate(n=Count("id")).values_list("user_id", "n")))
         busy = {user for user, n in load.items() if n >= control.files_per_job}
+        # Not a job already tried (sent_at: its submit's answer was lost): it is sent again with
+        # its id, which a stager takes as the job it has, with the files it had; files merged
+        # into it were never read, and failed as missing from it.
         pending_tape = {tape: rest for tape, *rest in Job.objects.filter(
-            state=JobState.PENDING, tape_id__in=list(ordered)).exclude(chain="").exclude(id__in=self.taken_back)
+            state=JobState.PENDING, tape_id__in=list(ordered), sent_at__isnull=True).exclude(chain="")
+            .exclude(id__in=self.taken_back)
             .order_by("created_at", "rank")
             .values_list("tape_id", "chain", "after_id", "jumps_queue", "id")}
         # Tapes on a drive now, unless a short mount waits for that drive (it may be cutting
