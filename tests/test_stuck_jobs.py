@@ -6,7 +6,7 @@ from datetime import timedelta
 from carousel.domain.services import restore_submit
 from carousel.loop.cycle import run_cycle
 from carousel.models import Control, Job, RestoreRequest
-from carousel.stagers.base import FileStatus
+from carousel.stagers.base import FileStatus, StagerUnavailable
 from tests.test_loop import ScriptedStager
 
 MINUTE = timedelta(minutes=1)
@@ -62,3 +62,42 @@ def test_a_job_whose_files_keep_moving_is_not_given_up_however_long_it_waits(ali
     run_for(stager, now, 3 * 60 + 30, every=1)
     assert Job.objects.get(id=job.id).state == "done"
     assert set(RestoreRequest.objects.values_list("state", flat=True)) == {"done"}
+
+
+def test_a_job_marked_while_the_stager_was_down_is_not_given_up_when_it_answers_again(alice, now):
+    """While the stager is down a job sent without a plan is marked past its deadline (no sign of
+    life can come); the first answer after the outage counts as one, and still the mark gave the
+    job up at that very cycle, its files withdrawn and requeued with an attempt spent (a
+    reviewer's finding). An answer after the mark clears it: the deadline runs again from there."""
+    Control.get()
+    Control.objects.filter(id=1).update(job_deadline_floor_s=3600.0)
+    restore_submit(user=alice, paths=["/queue/a", "/queue/b"], now=now)
+
+    class WaitsInItsQueue(ScriptedStager):
+        down = False
+
+        def _answer(self):
+            if self.down:
+                raise StagerUnavailable("the endpoint is down")
+
+        def status(self):
+            self._answer()
+            return super().status()
+
+        def poll(self, jobs):
+            self._answer()
+            return {j.id: [FileStatus(p, "queued") for p in j.paths] for j in jobs}
+
+    stager = WaitsInItsQueue()
+    run_cycle(now=now, stager=stager)
+    job = Job.objects.get()
+    assert job.chain == ""  # sent without a plan, as every tape-rest job is
+    stager.down = True
+    run_for(stager, now, 2 * 60)  # two hours down
+    assert Job.objects.get(id=job.id).overdue_at is not None
+    stager.down = False
+    run_for(stager, now + 2 * 60 * MINUTE, 30)  # answering again, for half an hour
+    assert Job.objects.get(id=job.id).state == "sent"
+    assert set(RestoreRequest.objects.values_list("attempts", flat=True)) == {1}
+    run_for(stager, now + 2 * 60 * MINUTE + 30 * MINUTE, 60)  # an hour more without a sign of life
+    assert Job.objects.get(id=job.id).state == "failed"

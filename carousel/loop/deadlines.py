@@ -8,7 +8,8 @@ runs from when it was sent. A job sent without a plan (every tape-rest job) wait
 stager's own queue behind others, so its deadline runs from its last sign of life (sent, or a
 file of it moving): a long queue that moves is not given up, a lost request is. The step runs
 every cycle, whatever the stager's health; while the stager is down jobs are only marked (they
-cannot be polled once more). The open jobs number at most K: they are read into Python."""
+cannot be polled once more), and a job sent without a plan that shows life after its mark (the
+first answer after an outage counts as one) is unmarked. The open jobs number at most K: they are read into Python."""
 import logging
 from datetime import timedelta
 
@@ -31,6 +32,13 @@ def end_overdue_jobs(*, now, control, give_up=True):
     columns = ("id", "chain", "sent_at", "progress_at", "estimate_s", "overdue_at")
     # The jobs in flight, read once; again only after some were given up (which may move others).
     jobs = list(sent_jobs.values_list(*columns))
+    # A job sent without a plan that showed life after its mark (a file moved, or the first
+    # answer after an outage, which counts as one) is not overdue any more: its deadline runs
+    # again from then. Marked while the stager was down, it was given up at the first answer.
+    revived = [row[0] for row in jobs if row[5] is not None and not row[1] and row[3] and row[3] > row[5]]
+    if revived:
+        Job.objects.filter(id__in=revived).update(overdue_at=None)
+        jobs = [(*row[:5], None) if row[0] in revived else row for row in jobs]
     marked = [row[0] for row in jobs if row[5] is not None and row[5] < now] if give_up else []
     n = 0
     if marked:
