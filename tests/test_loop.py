@@ -129,6 +129,33 @@ def test_a_job_the_stager_forgot_goes_back_to_the_queue(alice, now):
     assert RestoreRequest.objects.get().state == "submitted"
 
 
+
+def test_a_stager_that_keeps_forgetting_a_job_is_not_sent_it_for_ever(alice, now):
+    """A job the stager does not know went back to the queue without counting an attempt nor
+    withdrawing it (a stager that knew it again later, a load-balanced replica, read it twice):
+    a stager that always forgot was sent the file at every cycle, for ever (a reviewer's
+    finding). Now each time is an attempt, and the forgotten job is withdrawn."""
+    Control.objects.update_or_create(id=1, defaults={"max_attempts": 3})
+    restore_submit(user=alice, now=now, paths=["/f/a"])
+
+    class Withdraws(ScriptedStager):
+        withdrawn = []
+
+        def cancel(self, backend_id, paths):
+            self.withdrawn.append((backend_id, list(paths)))
+
+    stager = Withdraws()
+    run_cycle(now=now, stager=stager)
+    first = Job.objects.get()
+    stager.forget = True
+    for cycle in range(1, 10):
+        run_cycle(now=now + timedelta(seconds=10 * cycle), stager=stager)
+    assert len(stager.submitted) == 3
+    request = RestoreRequest.objects.get()
+    assert request.state == "failed" and "gave up after 3 attempts" in request.last_error
+    assert (first.backend_id, ["/f/a"]) in stager.withdrawn
+
+
 def test_a_paused_broker_submits_nothing(alice, now):
     Control.objects.update_or_create(id=1, defaults={"paused": True})
     restore_submit(user=alice, now=now, paths=["/q/a"])

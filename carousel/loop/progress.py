@@ -14,7 +14,7 @@ from carousel.models import (
     RestoreRequest, StagerHealth, Tape,
 )
 from carousel.domain import ondisk
-from carousel.domain.services import request_transition
+from carousel.domain.services import job_give_up, request_transition
 from carousel.stagers.base import JobSpec, StagerUnavailable
 
 log = logging.getLogger("carousel.loop")
@@ -121,9 +121,12 @@ def collect_progress(*, now, stager, control, report, was_down=None):
     for job_id, job in jobs.items():
         statuses = answers.get(job_id)
         if statuses is None:
-            # The backend does not know this job: put its requests back in the queue.
-            request_transition(RestoreRequest.objects.filter(job=job, state__in=IN_FLIGHT_STATES), S.QUEUED, now=now)
-            Job.objects.filter(id=job.id).update(state=JobState.FAILED, finished_at=now)
+            # The backend does not know this job (lost in its restart, or a replica that has
+            # not heard of it): given up as a job past its deadline is, its files back in the
+            # queue with the attempt counted, so a stager that keeps forgetting is not sent them
+            # at every cycle for ever, and withdrawn, in case it knows the job again later.
+            job_give_up(queryset=Job.objects.filter(id=job.id), now=now,
+                        reason="the stager did not know its job any more")
             continue
         current = files[job_id]
         ended = set()
