@@ -101,3 +101,34 @@ def test_a_job_marked_while_the_stager_was_down_is_not_given_up_when_it_answers_
     assert set(RestoreRequest.objects.values_list("attempts", flat=True)) == {1}
     run_for(stager, now + 2 * 60 * MINUTE + 30 * MINUTE, 60)  # an hour more without a sign of life
     assert Job.objects.get(id=job.id).state == "failed"
+
+
+def test_the_parts_of_a_long_mount_are_not_given_up_while_the_mount_reads(db, now):
+    """A mount longer than N files is sent as parts, read one after another on one drive; each
+    part's deadline ran from its sending with its own share of the estimate, so the last parts
+    of a mount over the 6-hour floor (a whole LTO-8 tape is about 9 hours) were given up while
+    the drive was reading their siblings (a reviewer's finding). A job on a chain is alive while
+    its chain moves: its deadline runs from the chain's last sign of life."""
+    from carousel.loop.deadlines import end_overdue_jobs
+
+    control = Control.get()
+    part_s = 1200.0  # 30 parts of 20 minutes: 10 hours on one drive
+    parts = [Job.objects.create(created_at=now, rank=k, chain="LTO-8/0", state="sent", sent_at=now, progress_at=now,
+                                estimate_s=part_s) for k in range(30)]
+    # A stuck job alone on another drive is still given up at the floor.
+    stuck = Job.objects.create(created_at=now, chain="LTO-8/1", state="sent", sent_at=now, progress_at=now,
+                               estimate_s=part_s)
+
+    def read_until(hours):
+        at = now + timedelta(hours=hours)
+        for k, part in enumerate(parts):
+            finished = now + timedelta(seconds=part_s * (k + 1))
+            if finished <= at:
+                Job.objects.filter(id=part.id).update(state="done", finished_at=finished, progress_at=finished)
+        return at
+
+    for minutes in range(5, 10 * 60, 5):  # a cycle every 5 minutes, each asking about deadlines
+        end_overdue_jobs(now=read_until(minutes / 60), control=control)
+    assert set(Job.objects.filter(chain="LTO-8/0").values_list("state", flat=True)) == {"done", "sent"}
+    assert not Job.objects.filter(chain="LTO-8/0", overdue_at__isnull=False).exists()
+    assert Job.objects.get(id=stuck.id).state == "failed"

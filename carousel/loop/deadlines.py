@@ -3,13 +3,16 @@ Control.job_deadline_floor_s and its estimate times Control.job_deadline_factor)
 overdue; the stager is polled once more at the next cycle, and a job still unfinished after
 that is given up (services.job_give_up): its files go back to the queue and are withdrawn, so
 a lost stage request cannot block its drive's chain, nor, by making the stager look stalled,
-every user's restores. A job on a chain (the mount plan) is alone on its drive: its deadline
-runs from when it was sent. A job sent without a plan (every tape-rest job) waits in the
-stager's own queue behind others, so its deadline runs from its last sign of life (sent, or a
-file of it moving): a long queue that moves is not given up, a lost request is. The step runs
-every cycle, whatever the stager's health; while the stager is down jobs are only marked (they
-cannot be polled once more), and a job sent without a plan that shows life after its mark (the
-first answer after an outage counts as one) is unmarked. The open jobs number at most K: they are read into Python."""
+every user's restores. A job on a chain (the mount plan) is read with the others of its
+drive's mount (a mount over N files is sent as parts, read one after another): its deadline
+runs from the mount's last sign of life, so no part is given up while the drive reads its
+siblings. A job sent without a plan (every tape-rest job) waits in the stager's own queue
+behind others, so its deadline runs from its own last sign of life (sent, or a file of it
+moving): a long queue that moves is not given up, a lost request is. The step runs every
+cycle, whatever the stager's health; while the stager is down jobs are only marked (they cannot
+be polled once more), and a job sent without a plan that shows life after its mark (the first
+answer after an outage counts as one) is unmarked. The open jobs number at most K: they are
+read into Python."""
 import logging
 from datetime import timedelta
 
@@ -22,6 +25,26 @@ log = logging.getLogger("carousel.loop")
 def sent():
     """The jobs at the stager."""
     return Job.objects.filter(state=JobState.SENT)
+
+
+def chains_last_moved(jobs):
+    """{chain: the last sign of life of its mount}: the latest progress of the jobs sent on the
+    chain since its oldest one still at the stager (their files moving, or the job ending). The
+    jobs a chain has at the stager are its drive's mount, read one after another (a mount over N
+    files is sent as parts), so a part waits while its siblings are read: none is stuck while
+    the drive reads any of them. Reads the jobs sent since then on these chains (job_sent_at)."""
+    oldest = {}
+    for _, chain, sent_at, *_ in jobs:
+        if chain and sent_at and (chain not in oldest or sent_at < oldest[chain]):
+            oldest[chain] = sent_at
+    if not oldest:
+        return {}
+    moved = {}
+    for chain, sent_at, progress_at in (Job.objects.filter(chain__in=list(oldest), sent_at__gte=min(oldest.values()))
+                                        .values_list("chain", "sent_at", "progress_at")):
+        if sent_at >= oldest[chain] and progress_at and (chain not in moved or progress_at > moved[chain]):
+            moved[chain] = progress_at
+    return moved
 
 
 def end_overdue_jobs(*, now, control, give_up=True):
@@ -46,8 +69,10 @@ def end_overdue_jobs(*, now, control, give_up=True):
                            reason="its job was still unfinished at the stager past its deadline")
         log.warning("%d job(s) past their deadline given up: their unfinished files are back in the queue", n)
         jobs = list(sent_jobs.filter(overdue_at__isnull=True).values_list(*columns))
+    moved = chains_last_moved(jobs)
     due = [job_id for job_id, chain, sent_at, progress_at, estimate, overdue in jobs
-           if overdue is None and sent_at and now > (sent_at if chain else max(sent_at, progress_at or sent_at))
+           if overdue is None and sent_at
+           and now > max(sent_at, moved.get(chain) if chain else progress_at or sent_at)
            + timedelta(seconds=max(control.job_deadline_floor_s, control.job_deadline_factor * (estimate or 0)))]
     if due:
         Job.objects.filter(id__in=due).update(overdue_at=now)
