@@ -86,3 +86,60 @@ def test_a_services_bulk_cancel_leaves_the_persons_own_request(alice, now):
     assert RestoreRequest.objects.get(path="/x/a").state == "queued"  # alice's own submission wants it
     assert RestoreRequest.objects.get(path="/x/b").state == "cancelled"
     assert states(own.bulk) == ["queued"]
+
+
+def _joins_while_the_owner_cancels(alice, bob, now, paths):
+    """bob submits `paths` (alice's, in flight at the stager) in a transaction held open; alice
+    cancels hers meanwhile. Returns whether the cancel waited for bob's commit and the paths it
+    withdrew from the stager."""
+    from carousel.loop.cycle import run_cycle
+    from carousel.models import Control, StagerCall
+    from tests.test_loop import ScriptedStager
+
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 1000})
+    stager = ScriptedStager()
+    stager.answer = "staging"
+    first = restore_submit(user=alice, paths=paths, now=now).bulk
+    services.intake.settle(first.id)
+    run_cycle(now=now, stager=stager)
+    assert states(first) == ["submitted"]
+    cancelled = threading.Event()
+
+    def cancel():
+        try:
+            bulk_cancel(bulk=first, now=now + timedelta(seconds=2))
+            cancelled.set()
+        finally:
+            connections.close_all()
+
+    from .conftest import a_backend_waits_for_a_lock
+
+    with transaction.atomic():
+        joined = restore_submit(user=bob, paths=paths, now=now + timedelta(seconds=1)).bulk
+        services.intake.settle(joined.id)
+        canceller = threading.Thread(target=cancel)
+        canceller.start()
+        waited = a_backend_waits_for_a_lock(timeout=3) and not cancelled.is_set()
+    canceller.join(10)
+    withdrawn = {p for call in StagerCall.objects.filter(kind=StagerCall.Kind.CANCEL) for p in call.paths}
+    return waited, withdrawn, joined
+
+
+def test_a_cancel_does_not_withdraw_a_file_another_user_is_joining(transactional_db, alice, bob, now):
+    """bob's submission joined alice's request at the stager without locking it: alice's cancel,
+    committed first, could not see bob's row and withdrew the file, and bob's request failed as
+    withdrawn (a reviewer's finding). The joined rows are locked FOR SHARE: the cancel waits,
+    then sees bob's request and leaves the file at the stager."""
+    waited, withdrawn, joined = _joins_while_the_owner_cancels(alice, bob, now, ["/join/a", "/join/b"])
+    assert waited
+    assert withdrawn == set()
+    assert states(joined) == ["submitted"]
+
+
+def test_a_cancel_does_not_withdraw_a_file_a_big_submission_is_joining(transactional_db, alice, bob, now, settings):
+    """The same through the intake (a submission of more than CAROUSEL_INTAKE_ABOVE files)."""
+    settings.CAROUSEL_INTAKE_ABOVE = 1
+    waited, withdrawn, joined = _joins_while_the_owner_cancels(alice, bob, now, ["/join/c", "/join/d"])
+    assert waited
+    assert withdrawn == set()
+    assert states(joined) == ["submitted"]

@@ -176,11 +176,36 @@ _QUEUE_REST = f"""
         AND c.pin_until > %s ORDER BY c.pin_until DESC LIMIT 1 /*lock*/)
     LEFT JOIN {REQUESTS} f ON f.id = (
         SELECT s.id FROM {REQUESTS} s WHERE s.path_key = i.path_key AND s.state IN ({_states(ACTIVE_STATES)})
-        ORDER BY s.state IN ({_states(IN_FLIGHT_STATES)}) DESC LIMIT 1)
+        ORDER BY s.state IN ({_states(IN_FLIGHT_STATES)}) DESC LIMIT 1 /*join-lock*/)
     WHERE i.bulk_id = %s AND NOT EXISTS (
         SELECT 1 FROM {REQUESTS} o
         WHERE o.path_key = i.path_key AND o.user_id = b.user_id AND o.state IN ({_states(ACTIVE_STATES)}))
     ORDER BY i.n"""
+
+
+# Another user's request a new one joins at the stager (the same job, the same state) is locked
+# FOR SHARE until the submission commits: a cancel of it then waits, and sees the new request
+# when it asks whether anyone still wants the file, so it does not withdraw the file from the
+# stager under the joiner (it did, when it committed first: the joiner's request failed as
+# withdrawn). SKIP LOCKED: a request being changed now (cancelled, or moved by the loop) is not
+# joined, the file is queued anew; nothing waits, so no lock order can deadlock.
+JOIN_LOCK = "FOR SHARE SKIP LOCKED"
+
+
+def lock_joinable(keys, user_id):
+    """The ids of the other users' requests in flight for `keys` (hex digests) that a new
+    request of `user_id` may join, locked as JOIN_LOCK says; None on SQLite (one writer at a
+    time: any may be joined). By the index on path_key."""
+    if not db.is_postgres():
+        return None
+    keys = list(keys)
+    if not keys:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {REQUESTS} WHERE path_key = ANY(%s::uuid[]) AND state IN "
+                       f"({_states(IN_FLIGHT_STATES)}) AND user_id <> %s ORDER BY id {JOIN_LOCK}",
+                       ["{" + ",".join(map(str, keys)) + "}", user_id])
+        return {row[0] for row in cursor.fetchall()}
 
 
 # Before the move, on PostgreSQL: the pinned copies of the submission's files locked FOR SHARE in
@@ -199,6 +224,7 @@ def queue_rest(bulk, now):
     state, fs, finished, pin_until = _from_disk(bulk, now)
     # The pinned copies read are locked until the move commits (ondisk.py); SQLite has one writer.
     sql = _QUEUE_REST.replace("/*lock*/", "FOR SHARE" if db.is_postgres() else "")
+    sql = sql.replace("/*join-lock*/", JOIN_LOCK if db.is_postgres() else "")
     return sql, [state, at, at, at, finished is not None, at, finished is not None,
                  connection.ops.adapt_datetimefield_value(pin_until) if pin_until else None,
                  state == RequestState.DELIVERING, fs, at, Bulk._meta.pk.get_db_prep_value(bulk.id, connection)]

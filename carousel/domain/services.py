@@ -118,6 +118,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
         # one's duplicates and ceiling are judged against all of them.
         intake.settle_user(user)
         control = Control.get()
+        joinable = intake.lock_joinable(keys, user.id)  # before the read below, which then sees them held
         active = list(
             RestoreRequest.objects.filter(db.in_keys("path_key", keys), state__in=ACTIVE_STATES)
             .values_list("id", "user_id", "path_key", "state", "job_id", "job_rank", "submitted_at", "started_at")
@@ -127,7 +128,7 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
         for id_, user_id, key, state, job_id, job_rank, submitted_at, started_at in active:
             if user_id == user.id:
                 own[key.hex] = id_
-            elif state in IN_FLIGHT_STATES:
+            elif state in IN_FLIGHT_STATES and (joinable is None or id_ in joinable):
                 in_flight[key.hex] = (state, job_id, job_rank, submitted_at, started_at)
 
         # (A submission of new files, the usual big one, skips hashing 100,000 keys twice.)
