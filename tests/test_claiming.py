@@ -221,3 +221,26 @@ def test_the_triggers_join_a_large_update_without_a_nested_loop_whatever_the_ses
     assert len(joins) >= 3  # history, state counters, usage
     assert sum(_tuplestore_nested_loops(n) for n in joins) == 0
     assert Transition.objects.filter(to_state="submitted").count() == 300
+
+
+def test_files_many_users_share_take_one_place_each_in_the_window(db, now):
+    """The window (N x K files at the stager) counted requests: ten users asking for the same
+    20 files held 200 places for 20 files, and nothing else was sent while the stager had room
+    for 20 more (a reviewer's finding). A file in a job counts once, however many ask for it."""
+    from carousel.loop.cycle import run_cycle
+    from tests.conftest import make_user
+    from tests.test_loop import ScriptedStager
+
+    Control.objects.update_or_create(id=1, defaults={"files_per_job": 10, "jobs_in_flight": 4})
+    stager = ScriptedStager()
+    stager.answer = "staging"
+    shared = [f"/popular/f{i:02}" for i in range(20)]
+    restore_submit(user=make_user("first", "analysis"), paths=shared, now=now)
+    run_cycle(now=now, stager=stager)
+    for n in range(9):
+        restore_submit(user=make_user(f"fan{n}", "analysis"), paths=shared, now=now)
+    assert RestoreRequest.objects.filter(state__in=("submitted", "staging")).count() == 200
+    late = make_user("late", "production")
+    restore_submit(user=late, paths=[f"/other/g{i}" for i in range(10)], now=now)
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert set(RestoreRequest.objects.filter(user=late).values_list("state", flat=True)) == {"submitted"}

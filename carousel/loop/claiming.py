@@ -3,7 +3,7 @@ jobs (laid out on the drives' chains by mounts.MountPlanner when the drive count
 from collections import Counter
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Sum
+from django.db.models import Exists, Max, OuterRef, Sum
 
 from policies.order import read_order
 from policies.selection import select
@@ -18,6 +18,16 @@ from carousel.stagers.base import JobSpec
 from carousel.tape import MEDIA, mount_profile
 
 
+def files_at_stager():
+    """The files planned or at the stager, each once however many users' requests share it
+    (a rider or a joiner is in the same job as the request it joined), with its size (`bytes`):
+    what the window (N x K files) and the disk buffer's incoming bytes count. Counting requests,
+    ten users asking for the same 20 files held 200 places of the window, and nothing else
+    was sent while the stager had room."""
+    return (RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).order_by()
+            .values("job_id", "path_key").annotate(bytes=Max("size")))
+
+
 def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, drives=None, turns=None):
     """Choose this cycle's requests with the active policies, claim them, group them into
     jobs of at most N files per tape in read order, and commit jobs and claims together.
@@ -29,8 +39,7 @@ def claim_jobs(*, now, control, sort, share, jobs_limit=None, byte_budget=None, 
     window only the long mounts the chains lack are chosen (mounts.MOUNTS_AHEAD). `turns`: the turn
     policy (policies/turns.py), by default the configured one."""
     jobs_limit = control.jobs_in_flight if jobs_limit is None else jobs_limit
-    in_flight = RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).count()
-    window = control.files_per_job * jobs_limit - in_flight
+    window = control.files_per_job * jobs_limit - files_at_stager().count()
     slots = min(window, control.choose_per_cycle)
     # The whole backlog fits in the window. Not while requests wait to be located: a burst
     # larger than a locate batch is not all ready yet, and taking what is would hand the

@@ -23,13 +23,13 @@ from carousel.domain import intake
 from carousel.domain.counters import counters_fold
 from carousel.ops import metrics
 from carousel.infra import plugins
-from carousel.loop.claiming import claim_jobs
+from carousel.loop.claiming import claim_jobs, files_at_stager
 from carousel.loop.deadlines import end_overdue_jobs
 from carousel.loop.delivery import dispatch_deliveries
 from carousel.loop.due import AFTER, BEFORE, ask
 from carousel.loop.failures import requeue_due_retries
 from carousel.loop.locating import locate_new_work
-from carousel.models import IN_FLIGHT_STATES, Control, RestoreRequest, StagerHealth
+from carousel.models import Control, StagerHealth
 from carousel.loop.mounts import MountPlanner, preempt, send_jobs
 from carousel.domain.pins import end_expired_pins
 from carousel.infra.plugins import PluginError
@@ -217,5 +217,5 @@ def disk_budget(*, status, control):
     if not total or free is None:
         return None
     # What was sent but is not on disk yet will take room there too.
-    incoming = (RestoreRequest.objects.filter(state__in=IN_FLIGHT_STATES).aggregate(b=Sum("size"))["b"] or 0)
+    incoming = files_at_stager().aggregate(b=Sum("bytes"))["b"] or 0
     return int((control.disk_threshold - h.projected_disk_use(free=free, total=total, incoming=incoming)) * total)
