@@ -184,3 +184,26 @@ def test_a_second_concurrent_cycle_skips(transactional_db, now):
         release.set()
         thread.join()
     assert not run_cycle(now=now, stager=ScriptedStager()).skipped
+
+
+def test_a_job_an_operator_gives_up_during_a_poll_stays_given_up(alice, now):
+    """The poll's answer that a job's files are done marked the job done whatever had happened
+    to it meanwhile: an operator's give-up (its files requeued, withdrawn) was overwritten, the
+    job shown done with none of its requests in it (a reviewer's finding)."""
+    from carousel.domain.services import job_give_up
+
+    restore_submit(user=alice, now=now, paths=["/g/a"])
+
+    class GivenUpMeanwhile(ScriptedStager):
+        def poll(self, jobs):
+            answer = super().poll(jobs)
+            job_give_up(queryset=Job.objects.all(), now=now, reason="given up by an operator")
+            return answer
+
+    stager = GivenUpMeanwhile()
+    stager.answer = "staging"
+    run_cycle(now=now, stager=stager)
+    job = Job.objects.get()
+    stager.answer = "done"
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    assert Job.objects.get(id=job.id).state == "failed"

@@ -97,7 +97,7 @@ def collect_progress(*, now, stager, control, report, was_down=None):
         return h.Observation()
     files = files_in_flight(jobs)
     for job_id in [j for j in jobs if not files[j]]:  # every file cancelled or restored elsewhere
-        Job.objects.filter(id=job_id).update(state=JobState.DONE, finished_at=now)
+        Job.objects.filter(id=job_id, state=JobState.SENT).update(state=JobState.DONE, finished_at=now)
         del jobs[job_id]
     specs = [job_spec(job, files[job_id]) for job_id, job in jobs.items()]
     try:
@@ -161,7 +161,8 @@ def collect_progress(*, now, stager, control, report, was_down=None):
                 if job.tape_id and says_about_tape(st):
                     tape_failures.setdefault(job.tape_id, []).append(st.message)
             Job.objects.filter(id__in=moved_jobs).update(progress_at=now)
-            Job.objects.filter(id__in=ended_jobs).update(state=JobState.DONE, finished_at=now)
+            # Still sent: one given up meanwhile (an operator's word) stays given up.
+            Job.objects.filter(id__in=ended_jobs, state=JobState.SENT).update(state=JobState.DONE, finished_at=now)
     count_tape_failures(tape_failures, now=now, control=control)
     progressed = bool(moved_jobs)
     # Stalled: jobs wait at the stager, and none has moved for the stall time.
