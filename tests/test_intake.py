@@ -133,6 +133,22 @@ def test_a_waiting_file_another_user_stages_joins_that_stage_at_the_move(small_i
     intake.settle(big.bulk.pk, now=now + timedelta(seconds=2))
     joined = RestoreRequest.objects.get(user=alice, path="/j/1")
     assert (joined.state, joined.job_id, joined.attempts) == (S.SUBMITTED, job.id, 0)
+    # Where the file is and its size, as bob's request knows them (they were left empty: no bytes
+    # counted, no tape shown; a probe's finding).
+    staged = RestoreRequest.objects.get(user=bob)
+    assert (joined.size, joined.tape_id, joined.position) == (staged.size, staged.tape_id, staged.position)
+    assert staged.tape_id is not None and staged.size is not None
+
+
+def test_a_file_another_user_stages_joins_that_stage_with_its_place_and_size(alice, bob, now):
+    """The same through the direct path (a small submission)."""
+    restore_submit(user=bob, paths=["/j/9"], now=now)
+    run_cycle(now=now)
+    assert restore_submit(user=alice, paths=["/j/9"], now=now + timedelta(seconds=1)).shared == 1
+    joined, staged = RestoreRequest.objects.get(user=alice), RestoreRequest.objects.get(user=bob)
+    assert (joined.state, joined.job_id) == (S.SUBMITTED, staged.job_id)
+    assert (joined.size, joined.tape_id, joined.position) == (staged.size, staged.tape_id, staged.position)
+    assert staged.tape_id is not None and staged.size is not None
 
 
 def test_a_submission_still_waiting_is_not_finished(small_intake, alice, now, mailoutbox):

@@ -65,7 +65,7 @@ def goes_through(new_files):
 
 def queue_new(bulk, pairs, shared, now):
     """Store new requests of `bulk` for (path, path_key) pairs; `shared`: {path_key: (state,
-    job, rank, submitted_at, started_at)} of those some user is already staging (a new request
+    job, rank, submitted_at, started_at, size, tape, position)} of those some user is already staging (a new request
     joins that stage rather than reading the tape again). A file whose restored copy a request
     still pins is not read again: its request is done, or delivering, at once (ondisk.py). The
     direct path's writer; the move from the intake writes the same rows in SQL (_QUEUE_REST).
@@ -87,9 +87,11 @@ def queue_new(bulk, pairs, shared, now):
                     now, now, size, tape_id, position, finished, pin, staged_path, disk_fs, job_id)
         joined = shared.get(key)
         if joined:
-            state, job_id, job_rank, submitted_at, started_at = joined
+            # Where the file is and its size, as the request it joins knows them (never located
+            # itself: without them it counted no bytes and showed no tape).
+            state, job_id, job_rank, submitted_at, started_at, size, tape_id, position = joined
             return (*common, path, key, *options, state, 0, "", "", job_id, job_rank, bulk.created_at, now,
-                    submitted_at, started_at, *_NOT_ON_DISK)
+                    submitted_at, started_at, size, tape_id, position, *_NOT_ON_DISK[3:])
         return (*common, path, key, *options, RequestState.QUEUED, 0, "", "", None, 0, bulk.created_at, now,
                 None, None, *_NOT_ON_DISK)
 
@@ -164,7 +166,9 @@ _QUEUE_REST = f"""
            CASE WHEN {_JOINED} THEN f.job_rank ELSE 0 END,
            b.created_at, %s, CASE WHEN p.id IS NOT NULL THEN %s WHEN {_JOINED} THEN f.submitted_at END,
            CASE WHEN p.id IS NOT NULL THEN %s WHEN {_JOINED} THEN f.started_at END,
-           p.size, p.tape_id, p.position,
+           CASE WHEN p.id IS NOT NULL THEN p.size WHEN {_JOINED} THEN f.size END,
+           CASE WHEN p.id IS NOT NULL THEN p.tape_id WHEN {_JOINED} THEN f.tape_id END,
+           CASE WHEN p.id IS NOT NULL THEN p.position WHEN {_JOINED} THEN f.position END,
            CASE WHEN p.id IS NOT NULL AND %s THEN %s END, CASE WHEN p.id IS NOT NULL AND %s THEN COALESCE(%s, p.pin_until) END,
            CASE WHEN p.id IS NULL THEN '' WHEN %s THEN COALESCE(NULLIF(p.staged_path, ''), i.path)
                 ELSE p.staged_path END,

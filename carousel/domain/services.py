@@ -121,15 +121,16 @@ def restore_submit(*, user, paths, now, priority=0, destination="", destination_
         joinable = intake.lock_joinable(keys, user.id)  # before the read below, which then sees them held
         active = list(
             RestoreRequest.objects.filter(db.in_keys("path_key", keys), state__in=ACTIVE_STATES)
-            .values_list("id", "user_id", "path_key", "state", "job_id", "job_rank", "submitted_at", "started_at")
+            .values_list("id", "user_id", "path_key", "state", "job_id", "job_rank", "submitted_at", "started_at",
+                         "size", "tape_id", "position")
         )
         own = {}
         in_flight = {}
-        for id_, user_id, key, state, job_id, job_rank, submitted_at, started_at in active:
+        for id_, user_id, key, state, *joined in active:
             if user_id == user.id:
                 own[key.hex] = id_
             elif state in IN_FLIGHT_STATES and (joinable is None or id_ in joinable):
-                in_flight[key.hex] = (state, job_id, job_rank, submitted_at, started_at)
+                in_flight[key.hex] = (state, *joined)
 
         # (A submission of new files, the usual big one, skips hashing 100,000 keys twice.)
         new = [(p, k) for p, k in zip(clean, keys) if k not in own] if own else list(zip(clean, keys))
