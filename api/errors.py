@@ -7,7 +7,7 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from carousel.domain.exceptions import CarouselError
+from carousel.domain.exceptions import CarouselError, NotFound
 from carousel.infra import outages
 
 
@@ -56,6 +56,10 @@ def as_api_exception(exc, context):
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, NotFound):
+        # Another user's request or submission is answered as one that does not exist, in the
+        # same words: different ones told a caller which ids exist (and how fast they grow).
+        exc = Http404()
     if isinstance(exc, CarouselError):
         body = {"status": exc.status, "code": exc.code, "detail": exc.detail}
         if exc.errors:

@@ -141,3 +141,25 @@ def test_poll_refusals_are_per_path_by_scope_and_by_group_prefix(alice, by_group
     assert list(refused) == [1] and "scopes" in refused[1]
     assert policy.poll_refusals(policy.Identity(user=alice, grant=SimpleNamespace(stage=(), poll=())), paths).keys() \
         == {0, 1, 2}
+
+
+def test_another_users_ids_are_answered_as_ids_that_do_not_exist(alice, bob, as_alice, now):
+    """A request or submission of another user was answered "no request 371 visible to you", an
+    id that does not exist "nothing at ...: no such address": a caller could tell which ids
+    exist, and count another user's requests (a probe's finding). The same words for both."""
+    from carousel.domain.services import restore_submit
+    from carousel.models import RestoreRequest
+
+    bulk = restore_submit(user=bob, paths=["/theirs/a"], now=now).bulk
+    theirs = RestoreRequest.objects.get(user=bob).pk
+    missing, missing_bulk = theirs + 1000, "0" * 8 + "-0000-4000-8000-" + "0" * 12
+    for method, url, absent in [("get", "/api/v1/requests/{}/", missing),
+                                ("post", "/api/v1/requests/{}/cancel/", missing),
+                                ("get", "/api/v1/bulks/{}/", missing_bulk),
+                                ("get", "/api/v1/bulks/{}/summary/", missing_bulk)]:
+        key = theirs if "requests" in url else bulk.pk
+        answers = [getattr(as_alice, method)(url.format(k)) for k in (key, absent)]
+        assert [a.status_code for a in answers] == [404, 404], url
+        bodies = [a.json() for a in answers]
+        bodies[1]["detail"] = bodies[1]["detail"].replace(str(absent), str(key))
+        assert bodies[0] == bodies[1], (url, bodies)
