@@ -1,6 +1,7 @@
 """The core domain: restore requests, the bulk submissions that group them, tapes, jobs,
 limits per user and group, the control row, and the history of every state change."""
 import hashlib
+import math
 import uuid
 
 from django.conf import settings
@@ -139,10 +140,24 @@ def bounded(name):
     return [MinValueValidator(low), MaxValueValidator(high)]
 
 
+def _finite(value):
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
 def validate_policy_params(value):
     """The policies' parameters: an object; the ones the shipped policies read, in range."""
     if not isinstance(value, dict):
         raise ValidationError("policy parameters must be a JSON object, e.g. {\"slider_age_weight\": 0.5}")
+    if not _finite(value):
+        # Python's JSON reader takes NaN and 1e999 (infinity), which JSON has not: the database
+        # refused the row (a 500 in the admin, a traceback in simulate --set).
+        raise ValidationError("policy parameters must hold finite numbers only (not NaN, Infinity or 1e999)")
     weight = value.get("slider_age_weight", 0.5)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight <= 1:
         raise ValidationError(f"slider_age_weight must be a number from 0 to 1, not {weight!r}")

@@ -244,6 +244,19 @@ def test_clearing_the_policy_parameters_means_none(as_staff, given):
     assert Control.objects.get(id=1).policy_params == {}
 
 
+@pytest.mark.parametrize("given", ['{"x": 1e999}', '{"y": NaN}', '{"z": [1, -Infinity]}'])
+def test_policy_parameters_that_are_not_finite_are_a_form_error(as_staff, given):
+    """Python's JSON reader takes NaN and infinities, which JSON (and the database's check of the
+    column) has not: the save was a 500 (a probe's finding)."""
+    control = Control.get()
+    url = f"/admin/carousel/control/{control.pk}/change/"
+    form = dict(_form_values(as_staff.get(url).content.decode()))
+    form["policy_params"] = given
+    answer = as_staff.post(url, form)
+    assert answer.status_code == 200 and "finite numbers only" in answer.content.decode()
+    assert Control.objects.get(id=1).policy_params == control.policy_params
+
+
 def _form_values(html):
     """The change form's fields as the page fills them (inputs, checked boxes, selected options, text areas)."""
     import re
