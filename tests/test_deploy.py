@@ -177,13 +177,16 @@ def test_user_group_token_commands_are_idempotent_and_scriptable(db, monkeypatch
     (["group", ""], "a group's name must be"),
     (["group", "tab\there"], "a group's name must be"),
     (["group", "g" * 151], "a group's name must be"),
-    (["group", "gw", "--inflight-cap", "-5"], "--inflight-cap must be 0 or more"),
+    (["group", "gw", "--inflight-cap", "-5"], "--inflight-cap must be from 0 to 2,147,483,647, got -5"),
+    (["group", "gw", "--inflight-cap", "2147483648"], "--inflight-cap must be from 0 to 2,147,483,647"),
     (["user", ""], "a user name must be"),
     (["user", "has space"], "Enter a valid username"),
     (["user", "u" * 151], "a user name must be"),
     (["user", "u1", "--email", "notanemail"], "Enter a valid email address"),
-    (["user", "u1", "--inflight-cap", "-3"], "--inflight-cap must be 0 or more"),
-    (["user", "u1", "--queued-ceiling", "-1"], "--queued-ceiling must be 0 or more"),
+    (["user", "u1", "--inflight-cap", "-3"], "--inflight-cap must be from 0 to 2,147,483,647"),
+    (["user", "u1", "--queued-ceiling", "-1"], "--queued-ceiling must be from 0 to 2,147,483,647"),
+    # Past the column's range: a traceback (a probe's finding).
+    (["user", "u1", "--queued-ceiling", "99999999999999999999999"], "--queued-ceiling must be from 0 to"),
 ])
 def test_the_account_commands_refuse_what_the_admin_refuses_and_store_nothing(db, command, says):
     """`group gy --weight inf` was stored and stopped every cycle once its users had work; nan,

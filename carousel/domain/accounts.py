@@ -23,9 +23,13 @@ def _check_name(what, name):
         raise AccountError(f"{what} must be 1 to 150 printable characters, got {name[:60]!r}")
 
 
+MAX_COUNT = 2**31 - 1  # a PositiveIntegerField's largest value on every database Django supports
+
+
 def _check_count(what, value):
-    if value is not None and value < 0:
-        raise AccountError(f"{what} must be 0 or more, got {value}")
+    # (Larger: SQLite's OverflowError or PostgreSQL's out-of-range error, with a traceback.)
+    if value is not None and not 0 <= value <= MAX_COUNT:
+        raise AccountError(f"{what} must be from 0 to {MAX_COUNT:,}, got {value}")
 
 
 @transaction.atomic
