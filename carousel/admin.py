@@ -227,6 +227,13 @@ class RestoreRequestAdmin(ChecksSelection, admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # requests come in through restore_submit (validation, no duplicates)
+
+    def has_delete_permission(self, request, obj=None):
+        # A request ends by the cancel action (withdrawn from the stager, its submission's counts
+        # kept); retention prunes finished ones. Deleted by hand, a file in flight vanished from
+        # its submission, which then showed as finished with it neither restored nor cancelled.
+        return False
+
     # A million rows: count with an estimate-free but cheap query, never the full changelist count.
     show_full_result_count = False
 

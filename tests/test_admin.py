@@ -317,3 +317,18 @@ def test_a_constraint_the_admin_meets_says_what_to_fix_not_its_name(db):
             obj.full_clean()
         text = " ".join(caught.value.messages)
         assert says in text and "is violated" not in text, text
+
+
+def test_restore_requests_are_cancelled_never_deleted_by_hand(as_staff, alice, now):
+    """The superuser's "delete selected" removed a request in flight: its submission then showed
+    as finished, the file neither restored nor cancelled (a probe's finding)."""
+    from carousel.domain.services import restore_submit
+
+    restore_submit(user=alice, paths=["/del/a", "/del/b"], now=now)
+    request = RestoreRequest.objects.filter(user=alice).first()
+    assert as_staff.get(f"/admin/carousel/restorerequest/{request.pk}/delete/").status_code == 403
+    answer = as_staff.post("/admin/carousel/restorerequest/", {"action": "delete_selected",
+                                                                "_selected_action": [request.pk], "post": "yes"})
+    assert answer.status_code in (200, 302)
+    assert RestoreRequest.objects.filter(user=alice).count() == 2
+    assert "delete_selected" not in as_staff.get("/admin/carousel/restorerequest/").content.decode()
