@@ -1,7 +1,5 @@
 """GET /api/v1/usage/ and /api/v1/usage/csv/: the usage report (carousel/ops/usage.py) of a period,
 per user or per group. Those with the view permission on usage see every line; others their own (or their groups')."""
-from datetime import timedelta
-
 from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -13,9 +11,9 @@ from rest_framework.views import APIView
 from carousel.ops import usage
 from carousel.outlook.shares import period_name
 
-DEFAULT_DAYS = 7
 PARAMS = [
-    OpenApiParameter("since", OpenApiTypes.DATETIME, description="start (ISO 8601; default: 7 days before until)"),
+    OpenApiParameter("since", OpenApiTypes.DATETIME, description="start (ISO 8601; default: the 7 whole UTC days "
+                                                                  "ending with until's, as the usage page)"),
     OpenApiParameter("until", OpenApiTypes.DATETIME, description="end, excluded (default: now)"),
     OpenApiParameter("by", OpenApiTypes.STR, enum=list(usage.BY), description="lines per user (default), group or activity"),
 ]
@@ -34,7 +32,7 @@ class PeriodSerializer(serializers.Serializer):
 
     def validate(self, data):
         data.setdefault("until", timezone.now())
-        data.setdefault("since", data["until"] - timedelta(days=DEFAULT_DAYS))
+        data.setdefault("since", usage.default_since(data["until"]))
         if data["since"] >= data["until"]:
             raise serializers.ValidationError({"since": "must be before until"})
         return data

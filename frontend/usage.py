@@ -30,7 +30,7 @@ class PeriodForm(forms.Form):
         data = super().clean()
         today = timezone.now().date()
         until = data.get("until") or today
-        since = data.get("since") or until - timedelta(days=6)
+        since = data.get("since") or usage.default_since(_midnight(until + timedelta(days=1))).date()
         if since > until:
             raise forms.ValidationError("The first day must not be after the last.")
         data.update(since=since, until=until, by=data.get("by") or "user")
@@ -38,8 +38,11 @@ class PeriodForm(forms.Form):
 
     def period(self):
         d = self.cleaned_data
-        return (datetime.combine(d["since"], time(), dt_timezone.utc),
-                datetime.combine(d["until"] + timedelta(days=1), time(), dt_timezone.utc), d["by"])
+        return _midnight(d["since"]), _midnight(d["until"] + timedelta(days=1)), d["by"]
+
+
+def _midnight(day):
+    return datetime.combine(day, time(), dt_timezone.utc)
 
 
 def _in_range(day):

@@ -191,3 +191,16 @@ def test_the_usage_trigger_counts_waits_in_the_models_buckets(db):
     assert [(int(bound), int(bucket)) for bound, bucket in bounds] == [
         (bound, bucket) for bucket, bound in enumerate(WAIT_BUCKETS_S)]
     assert f"ELSE {len(WAIT_BUCKETS_S)} END" in definition
+
+
+def test_the_api_and_the_page_report_the_same_seven_days_by_default(alice, as_alice, client):
+    """The API's default (7 days before now, widened to whole days) covered 8 days, the page's
+    7: the same user's share and counts differed between the two doors (a probe's finding)."""
+    from django.utils.dateparse import parse_datetime
+
+    api = as_alice.get("/api/v1/usage/").json()
+    client.force_login(alice)
+    report = client.get("/usage/").context["report"]
+    assert (parse_datetime(api["since"]), parse_datetime(api["until"])) == (report.since, report.until)
+    assert (report.until - report.since).days == 7
+    assert api["share_period"] == client.get("/usage/").context["share_period"]

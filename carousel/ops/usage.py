@@ -80,6 +80,16 @@ def out_of_range(moment):
     return f"out of range: between {FIRST_MOMENT:%Y-%m-%d} and {LAST_MOMENT:%Y-%m-%d}"
 
 
+DEFAULT_DAYS = 7
+
+
+def default_since(until):
+    """Where a report starts when not told: the DEFAULT_DAYS whole UTC days that end with
+    until's (the rows' grain). The page and the API take this one default; the API's own
+    (7 days before until) widened to whole days covered 8."""
+    return day_ceil(until) - timedelta(days=DEFAULT_DAYS)
+
+
 def day_floor(t):
     return t.astimezone(dt_timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
 
