@@ -73,8 +73,9 @@ def test_a_body_the_parser_refuses_is_a_400_with_the_native_apis_words(as_alice,
 
 def test_a_body_that_is_not_an_object_is_a_400(as_alice, urls):
     for body in ([], "text", 3, None):
-        for url in urls:
-            assert_problem(post_raw(as_alice, url, json.dumps(body)), 400, "JSON object")
+        for url, member in urls.items():
+            # The example is this call's shape (the stage call's was the others', a probe found).
+            assert_problem(post_raw(as_alice, url, json.dumps(body)), 400, "JSON object", f'{{"{member}": [')
     nothing_changed()
 
 
@@ -87,8 +88,9 @@ def test_a_list_that_is_missing_empty_or_of_the_wrong_type_is_a_400(as_alice, ur
 
 
 def test_an_entry_that_is_not_a_string_is_a_400_that_says_where(as_alice, urls):
-    for entry, words in [(1, "expected a string, got int"), (None, "expected a string, got NoneType"),
-                         (["/d/a"], "expected a string, got list")]:
+    # In JSON's words: "got NoneType" meant nothing to a client that sent null (a probe's finding).
+    for entry, words in [(1, "expected a string, got the number 1"), (None, "expected a string, got null"),
+                         (["/d/a"], "expected a string, got an array")]:
         for url, member in urls.items():
             body = {member: [{"path": "/d/a"}, {"path": entry}]} if member == "files" else {member: ["/d/a", entry]}
             problem = assert_problem(as_alice.post(url, body, format="json"), 400, words)
@@ -243,7 +245,7 @@ def test_a_chunked_body_a_server_cannot_end_is_a_411_saying_what_to_send(path, m
 def test_the_native_release_refuses_the_entries_the_door_refuses(as_alice, rid):
     """requests/release/ took {"paths": [1]} as the path "1" (issue 25): its entries are checked
     as every door checks a path."""
-    for path, words in [(1, "expected a string, got int"), ("relative", "absolute"), ("/d/../x", "'..'")]:
+    for path, words in [(1, "expected a string, got the number 1"), ("relative", "absolute"), ("/d/../x", "'..'")]:
         native = as_alice.post("/api/v1/requests/release/", {"paths": ["/d/a", path]}, format="json")
         assert native.status_code == 400 and words in native.json()["detail"], native.content
         assert "1" in native.json()["fields"]["paths"]

@@ -101,10 +101,12 @@ class TapeRestView(APIView):
             return response
         return super().handle_exception(exc)
 
-    def body(self, request):
+    def body(self, request, example='{"paths": ["/a/b"]}'):
+        """The JSON object sent; `example`: this call's shape, for the error (the stage call's
+        said the other calls' shape, which a grid client following it then sent)."""
         data = request.data
         if not isinstance(data, dict):
-            raise grid.InvalidSubmission('the body must be a JSON object, such as {"paths": ["/a/b"]}')
+            raise grid.InvalidSubmission(f"the body must be a JSON object, such as {example}")
         return data
 
     def stage_request(self, request, request_id, action):
@@ -237,7 +239,7 @@ def _file_activity(index, meta, sitename):
 
 class Stage(TapeRestView):
     def post(self, request):
-        files = _stage_files(self.body(request), settings.CAROUSEL_TAPE_REST_SITENAME)
+        files = _stage_files(self.body(request, '{"files": [{"path": "/a/b"}]}'), settings.CAROUSEL_TAPE_REST_SITENAME)
         self.require(request, "stage", files.paths)
         group = getattr(request.auth, "group", None)
         result = grid.stage_submit(user=request.user, files=files, now=timezone.now(), group=group)

@@ -24,13 +24,25 @@ class PathError:
         return {"index": self.index, "line": self.index + 1, "path": self.path[:200], "message": self.message}
 
 
+def json_kind(value):
+    """What a decoded JSON value is, in JSON's words (a Python type name, "NoneType", meant
+    nothing to a client that sent null)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    return {list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+
+
 def check_path(path, *, max_bytes):
     """Return (normalised path, None) or (None, message)."""
     if isinstance(path, str) and _PLAIN.fullmatch(path) and (
             4 * len(path) <= max_bytes or len(path.encode("utf-8", "surrogatepass")) <= max_bytes):
         return path, None
     if not isinstance(path, str):
-        return None, f"expected a string, got {type(path).__name__}"
+        return None, f"expected a string, got {json_kind(path)}"
     if path == "":
         return None, "empty path"
     if "\x00" in path:
