@@ -71,6 +71,9 @@ def exception_handler(exc, context):
         return None
     if isinstance(exc, exceptions.ValidationError):
         fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        # A field's errors are a list, whoever raised them (one raised as a plain text was
+        # answered as a string, unlike every other field's).
+        fields = {name: [errors] if isinstance(errors, str) else errors for name, errors in fields.items()}
         body = {"status": response.status_code, "code": "invalid", "detail": "; ".join(_flatten(exc.detail)),
                 "fields": fields}
     else:

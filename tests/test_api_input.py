@@ -105,7 +105,9 @@ def test_any_offset_under_a_day_filters_by_the_instant_it_names(as_alice, alice,
                                    "page_size=-1", "page_size=1001", "page_size=", "cursor=garbage"])
 def test_an_empty_or_senseless_list_parameter_is_refused(as_alice, query):
     body = api_error(as_alice.get(f"{URL}?{query}"), 400)
-    assert query.split("=")[0] in body["fields"]
+    # A list of errors, as for every field (page_size's and cursor's were a string: a probe).
+    errors = body["fields"][query.split("=")[0]]
+    assert isinstance(errors, list) and errors and all(isinstance(e, str) for e in errors), body
 
 
 @pytest.mark.parametrize("url, query", [("/api/v1/usage/", "until="), ("/api/v1/usage/", "since="),
