@@ -85,7 +85,10 @@ def test_unknown_positions_are_laid_end_to_end_and_said(db, tmp_path, alice, now
 @pytest.mark.parametrize("target, args, says", [
     ("x.json", ["--drives", "LTO-8=1"], "no located request"),
     ("x.json", ["--drives", "LTO-99=1"], "'LTO-99' is not a known technology"),
-    ("x.json", ["--drives", "LTO-8=0"], "expected MEDIA=N with N at least 1"),
+    ("x.json", ["--drives", "LTO-8=0"], "expected MEDIA=N with N from 1 to 1000"),
+    # A file `simulate` then refused; a date's error said "invalid _moment value" (a probe).
+    ("x.json", ["--drives", "LTO-8=1001"], "expected MEDIA=N with N from 1 to 1000"),
+    ("x.json", ["--since", "notadate", "--until", "2026-01-01"], "'notadate' is not an ISO 8601 date-time or date"),
     ("x.json", ["--media", "LTO-99"], "invalid choice: 'LTO-99'"),
     ("nowhere/x.json", [], "no directory"),
     ("", [], "is a directory"),

@@ -103,6 +103,10 @@ def test_the_command_rejects_a_malformed_file_naming_the_key(tmp_path):
     (["--set", "files_per_job=abc"], "files_per_job = 'abc'"),
     (["--set", "min_mount_bytes=-1"], "min_mount_bytes = -1"),
     (["--set", "policy_params=[1]"], "policy parameters must be a JSON object"),
+    # argparse said "invalid _setting value" and "invalid _fraction value" (a probe's finding).
+    (["--set", "paused=true"], "'paused=true': expected FIELD=VALUE with FIELD one of"),
+    (["--mismatch", "1"], "'1': expected a fraction in [0, 1)"),
+    (["--mismatch", "x"], "'x': expected a fraction in [0, 1)"),
     (["--report", "/nonexistent/dir/r.json"], "--report /nonexistent/dir/r.json: no directory /nonexistent/dir"),
     (["--plot", "/nonexistent/p.png"], "--plot /nonexistent/p.png: no directory /nonexistent"),
 ])

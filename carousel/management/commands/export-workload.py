@@ -7,6 +7,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from carousel.management.targets import check_output
 from carousel.ops.export import ExportError, export_workload, write_workload
+from carousel.sim.workload import MAX_DRIVES
 from carousel.tape import MEDIA
 
 
@@ -16,7 +17,9 @@ def _moment(text):
     if parsed is None and (day := parse_date(text)) is not None:
         parsed = datetime(day.year, day.month, day.day)
     if parsed is None:
-        raise ValueError(text)
+        # argparse shows an ArgumentTypeError's words; a ValueError's were "invalid _moment value".
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 date-time or date, e.g. 2026-11-30 or "
+                                         "2026-11-30T17:00Z")
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
@@ -27,8 +30,10 @@ def _drives(text):
     for part in text.split(","):
         media, sep, count = part.partition("=")
         media = media.strip()
-        if not sep or not re.fullmatch(r"[0-9]+", count.strip()) or int(count) < 1:
-            raise argparse.ArgumentTypeError(f"{part!r}: expected MEDIA=N with N at least 1, e.g. LTO-8=10")
+        # At most what `simulate` reads back (carousel/sim/workload.py): the file exists to be replayed.
+        if not sep or not re.fullmatch(r"[0-9]+", count.strip()) or not 1 <= int(count) <= MAX_DRIVES:
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: expected MEDIA=N with N from 1 to {MAX_DRIVES}, e.g. LTO-8=10")
         if media not in MEDIA:
             raise argparse.ArgumentTypeError(f"{media!r} is not a known technology ({', '.join(MEDIA)})")
         out[media] = int(count)

@@ -6,6 +6,7 @@ again in a child process whose DATABASE_URL names a fresh SQLite file in a tempo
 (`--database sqlite`, the default: no server, and the fastest here) or a temporary database on
 the configured PostgreSQL server (`--database postgres`), migrates it, replays, and removes it.
 Baselines need no database."""
+import argparse
 import hashlib
 import json
 import math
@@ -38,7 +39,9 @@ PROGRESS_EVERY = 1000  # cycles
 def _setting(text):
     name, sep, value = text.partition("=")
     if not sep or name not in replay.CONTROL_FIELDS:
-        raise ValueError(f"expected FIELD=VALUE with FIELD one of {', '.join(replay.CONTROL_FIELDS)}")
+        # argparse shows an ArgumentTypeError's words; a ValueError's were "invalid _setting value".
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE with FIELD one of "
+                                         f"{', '.join(replay.CONTROL_FIELDS)}")
     try:
         return name, json.loads(value)
     except json.JSONDecodeError:
@@ -46,9 +49,12 @@ def _setting(text):
 
 
 def _fraction(text):
-    value = float(text)
-    if not 0 <= value < 1:
-        raise ValueError("expected a fraction in [0, 1)")
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a fraction in [0, 1), e.g. 0.3")
     return value
 
 
