@@ -184,6 +184,12 @@ def test_each_error_has_its_message_and_exit_code(carousel_at_rest, alice, tmp_p
     with socket_closed() as port:
         code, _, err = run(carousel, alice, "ls", CAROUSEL_URL=f"http://127.0.0.1:{port}", CAROUSEL_RETRY_S="1")
     assert code == client_api.EXIT_UNAVAILABLE and "cannot reach Carousel" in err
+    # An empty filter was dropped (every request listed, exit 0), and an address with a page's
+    # path printed that page's HTML as the error (a probe's findings).
+    code, _, err = run(carousel, alice, "ls", "--state", "")
+    assert code == client_api.EXIT_REFUSED and "state" in err, err
+    code, _, err = run(carousel, alice, "ls", CAROUSEL_URL=carousel.url + "/live")
+    assert code == client_api.EXIT_CONFIG and "not Carousel's API: check CAROUSEL_URL" in err and "<" not in err, err
 
 
 def test_an_operator_is_shown_their_own_submissions_and_requests_by_default(carousel_at_rest, alice, operator):

@@ -181,7 +181,9 @@ class Client:
             delay = min(delay * 2, 30.0)
 
     def get(self, endpoint, **params):
-        return self.request("GET", endpoint, params={k: v for k, v in params.items() if v not in (None, "")})
+        # Only what was not given is left out: an empty filter (`ls --state ""`) goes to the server,
+        # which refuses it, rather than becoming no filter and listing everything.
+        return self.request("GET", endpoint, params={k: v for k, v in params.items() if v is not None})
 
     def post(self, endpoint, body=None):
         return self.request("POST", endpoint, json=body)
@@ -198,12 +200,19 @@ class Client:
     def _answer(self, response):
         if response.is_success:
             return response.json() if response.content else None
+        status = response.status_code
         try:
             body = response.json()
         except ValueError:
+            if 400 <= status < 500:
+                # Carousel's API answers every error in JSON, also for an address it has not: a
+                # page (HTML) means the address leads elsewhere, e.g. CAROUSEL_URL with a page's
+                # path. (A 5xx page is a proxy's while the server is away: retried below.)
+                raise ClientError(f"{self.config.url} answered HTTP {status} with a page, not Carousel's API: check "
+                                  "CAROUSEL_URL", code=EXIT_CONFIG, status=status,
+                                  hint="give the server's address, e.g. https://carousel.example.org") from None
             body = {"detail": response.text[:300].strip() or response.reason_phrase}
         detail = body.get("detail") if isinstance(body, dict) else str(body)
-        status = response.status_code
         if status == 401:
             raise ClientError(f"the server refused the token: {detail}", code=EXIT_AUTH, status=status, body=body,
                               hint="check CAROUSEL_TOKEN / CAROUSEL_TOKEN_FILE; the token may be wrong or revoked")
