@@ -285,6 +285,19 @@ class TapeForm(forms.ModelForm):
             self.fields["media"] = forms.ChoiceField(choices=[(m, m or "(unknown)") for m in known], required=False,
                                                      help_text="The tape's technology, as the drives read it.")
 
+    def clean_label(self):
+        # As load-tape-map takes one (a tab was stored here, a probe found).
+        label = (self.cleaned_data.get("label") or "").strip()
+        if not label or any(not ch.isprintable() for ch in label):
+            raise forms.ValidationError("A label is 1 to 64 printable characters (no tab or line break).")
+        return label
+
+    def clean_used_bytes(self):
+        used = self.cleaned_data.get("used_bytes")
+        if used is not None and used < 0:
+            raise forms.ValidationError("Bytes used on the tape cannot be negative.")
+        return used
+
 
 @admin.register(Tape)
 class TapeAdmin(ChecksSelection, admin.ModelAdmin):

@@ -300,6 +300,12 @@ def test_the_admin_refuses_values_the_loop_cannot_use(as_staff, now):
                                                                       "recent_failures": "0"})
     assert page.status_code == 200 and "Select a valid choice" in page.content.decode()
     assert Tape.objects.get(pk=tape.pk).media == "LTO-8"
+    # A tab in a label and negative bytes were stored (a probe's finding).
+    for given, says in [({"label": "tab\tT"}, "printable characters"), ({"used_bytes": "-1"}, "cannot be negative")]:
+        page = as_staff.post(f"/admin/carousel/tape/{tape.pk}/change/", {"label": "T1", "media": "LTO-8",
+                                                                          "recent_failures": "0", **given})
+        assert page.status_code == 200 and says in page.content.decode(), given
+    assert (Tape.objects.get(pk=tape.pk).label, Tape.objects.get(pk=tape.pk).used_bytes) == ("T1", None)
 
 
 def test_a_constraint_the_admin_meets_says_what_to_fix_not_its_name(db):

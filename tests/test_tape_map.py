@@ -98,6 +98,16 @@ def test_bad_json_lines_are_all_counted_and_nothing_is_stored(db, tmp_path):
     text = str(failure.value)
     assert "3 bad lines" in text and "line 2: not JSON" in text and "line 3: expected a JSON object" in text
     assert "line 4: size must be a whole number" in text
+
+
+def test_json_lines_of_the_wrong_type_are_told_so_in_jsons_words(db, tmp_path):
+    """A tape given as a number was "missing or empty", a position of true "not True" (a probe)."""
+    lines = ['{"path": "/d/a", "tape": 5}', '{"path": "/d/b", "tape": "V1", "position": true}']
+    with pytest.raises(CommandError) as failure:
+        load(tmp_path, "\n".join(lines) + "\n", "map.jsonl")
+    text = str(failure.value)
+    assert "line 1: tape must be a string, not the number 5" in text
+    assert "line 2: position must be a whole number of bytes, not true" in text
     assert not TapeMapEntry.objects.exists()
 
 

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max
 
-from carousel.domain.paths import check_path
+from carousel.domain.paths import check_path, json_kind
 from carousel.infra.db import is_postgres
 from carousel.models import FileLocation, TapeMapEntry, path_keys
 from carousel.tape import MEDIA
@@ -66,7 +66,7 @@ def _count(value, name, unit=" of bytes"):
     if value is None or value == "":
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise _Bad(f"{name} must be a whole number{unit}, not {value!r:.60}")
+        raise _Bad(f"{name} must be a whole number{unit}, not {json_kind(value)[:60]}")
     if isinstance(value, str):
         # ASCII digits only: \d and int() took "１２" (fullwidth) as 12.
         if not re.fullmatch(r"\s*[0-9]+\s*", value):
@@ -82,7 +82,9 @@ def checked(path, tape, media="", position=None, size=None):
     normal, problem = check_path(path, max_bytes=settings.CAROUSEL_MAX_PATH_BYTES)
     if problem:
         raise _Bad(f"path {str(path)[:200]!r}: {problem}")
-    if not isinstance(tape, str) or not tape.strip():
+    if tape is not None and not isinstance(tape, str):
+        raise _Bad(f"tape must be a string, not {json_kind(tape)[:60]}")  # not "missing": it was there
+    if tape is None or not tape.strip():
         raise _Bad("tape is missing or empty")
     tape = tape.strip()
     if len(tape) > MAX_TAPE or any(not ch.isprintable() for ch in tape):
