@@ -992,7 +992,11 @@ class PathPrefix(models.Model):
 
         from carousel.domain.paths import check_place
 
-        prefix, message = check_place(self.prefix or "", max_bytes=self._meta.get_field("prefix").max_length)
+        if not self.prefix:
+            # Missing, or refused by the field itself (a NUL): that error is the one to show; an
+            # "empty path" beside it (the field left unset) said the opposite of what was typed.
+            return
+        prefix, message = check_place(self.prefix, max_bytes=self._meta.get_field("prefix").max_length)
         if message:
             raise ValidationError({"prefix": message})
         self.prefix = prefix

@@ -338,3 +338,18 @@ def test_restore_requests_are_cancelled_never_deleted_by_hand(as_staff, alice, n
     assert answer.status_code in (200, 302)
     assert RestoreRequest.objects.filter(user=alice).count() == 2
     assert "delete_selected" not in as_staff.get("/admin/carousel/restorerequest/").content.decode()
+
+
+def test_a_path_prefix_with_a_nul_is_told_that_alone(as_staff):
+    """"Null characters are not allowed.  empty path": the second error, of the field left unset,
+    said the opposite of what was typed (a probe's finding)."""
+    from django.contrib.auth.models import Group
+
+    from carousel.models import PathPrefix
+
+    group = Group.objects.create(name="g")
+    page = as_staff.post("/admin/carousel/pathprefix/add/", {"group": group.pk, "purpose": "restore",
+                                                             "prefix": "/a\x00b"})
+    text = page.content.decode()
+    assert page.status_code == 200 and "Null characters are not allowed" in text and "empty path" not in text
+    assert not PathPrefix.objects.exists()
