@@ -1,5 +1,6 @@
 """The pages' forms. Paths themselves are checked by the service (carousel/domain/paths.py), as for
 the API; these forms only read them and the options."""
+import codecs
 from datetime import timedelta
 
 from django import forms
@@ -79,7 +80,21 @@ class RestoreForm(forms.Form):
             raise forms.ValidationError("Paste at least one path, or choose a file listing them.")
         if "\x00" in data.get("destination", ""):
             self.add_error("destination", "contains a NUL byte")
+        if data.get("file"):
+            self._check_text(data["file"])
         return data
+
+    def _check_text(self, upload):
+        """A file that is not text at all is told so in one line, as `carousel submit --from-file`
+        tells it (a UTF-16 list gave one "not UTF-8" line of mojibake)."""
+        upload.seek(0)
+        start = upload.read(4096)
+        upload.seek(0)
+        fix = "save it as UTF-8 text, one path a line"
+        if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            self.add_error("file", f"The file is UTF-16 text: {fix}.")
+        elif b"\0" in start:
+            self.add_error("file", f"The file is not a text file (it holds NUL bytes: binary, or UTF-16): {fix}.")
 
     def read_paths(self):
         """(paths, line numbers, errors) from the text or the uploaded file, which is read

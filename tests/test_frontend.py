@@ -124,6 +124,18 @@ def test_an_upload_that_is_not_utf8_is_refused_with_its_lines(as_alice_web):
     assert not RestoreRequest.objects.exists()
 
 
+@pytest.mark.parametrize("body, says", [
+    ("/up/a.root\n".encode("utf-16"), "The file is UTF-16 text: save it as UTF-8 text"),
+    (b"/up/a\x00\x01\x02", "not a text file (it holds NUL bytes"),
+])
+def test_an_upload_that_is_not_text_is_told_so_in_one_line(as_alice_web, body, says):
+    """As `carousel submit --from-file` tells it; the page gave a "not UTF-8" line of mojibake
+    (a probe's finding)."""
+    r = as_alice_web.post("/restore/", {"file": SimpleUploadedFile("list.txt", body)})
+    assert r.status_code == 400 and says in page(r)
+    assert not RestoreRequest.objects.exists()
+
+
 def test_an_upload_reads_as_the_command_line_does_a_byte_order_mark_and_comments(as_alice_web, alice):
     """A UTF-8 file saved with a byte-order mark (Windows editors) and # comments: `carousel
     submit --from-file` took it, the form refused its first line and every comment as "not an
