@@ -16,6 +16,17 @@ from carousel.domain.services import MAX_PIN_LIFETIME, MIN_PIN_LIFETIME
 MAX_ID = 2**63 - 1
 
 
+def query_of(request):
+    """The query parameters as a plain dict (DRF reads an empty value of a QueryDict as not
+    given, and ?until= must be refused, not ignored), each given once: `?state=done&state=failed`
+    was read as `state=failed` alone, and listed none of the done ones."""
+    repeated = {name: [f"given {len(values)} times: give it once (a list is comma-separated, e.g. "
+                       f"{name}=a,b)"] for name, values in request.query_params.lists() if len(values) > 1}
+    if repeated:
+        raise serializers.ValidationError(repeated)
+    return request.query_params.dict()
+
+
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, so a misspelt option is not silently ignored."""
 

@@ -11,6 +11,8 @@ from rest_framework.views import APIView
 from carousel.ops import usage
 from carousel.outlook.shares import period_name
 
+from .serializers import query_of
+
 PARAMS = [
     OpenApiParameter("since", OpenApiTypes.DATETIME, description="start (ISO 8601; default: the 7 whole UTC days "
                                                                   "ending with until's, as the usage page)"),
@@ -47,9 +49,7 @@ def _in_range(value):
 
 def report_for(request):
     """Parse the period (400 on bad input) and build the report the user may see."""
-    # A plain dict: DRF reads an empty value in a QueryDict as not given (?until= was the
-    # default period), and an empty filter is refused on every list (README).
-    params = PeriodSerializer(data=request.query_params.dict())
+    params = PeriodSerializer(data=query_of(request))
     params.is_valid(raise_exception=True)
     return usage.usage_report(viewer=request.user, now=timezone.now(), **params.validated_data)
 

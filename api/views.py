@@ -74,9 +74,7 @@ class RequestListCreate(generics.ListAPIView):
     pagination_class = NewestFirst
 
     def get_queryset(self):
-        # As a plain dict: DRF reads an empty value of a QueryDict as "not given", and ?until=
-        # must be refused, not ignored.
-        query = s.RequestFilterSerializer(data=self.request.query_params.dict())
+        query = s.RequestFilterSerializer(data=s.query_of(self.request))
         query.is_valid(raise_exception=True)
         filters = dict(query.validated_data)
         owner = self.request.user.pk if filters.pop("mine", False) else None
@@ -217,7 +215,7 @@ class BulkList(generics.ListAPIView):
         # Those the identity may read: a token's, those whose every path its scopes let it read.
         qs = policy.readable_bulks(policy.identity(self.request)).select_related("user")
         # A plain dict, as for the requests: an empty filter (?label=) is refused, not ignored.
-        query = s.BulkFilterSerializer(data=self.request.query_params.dict())
+        query = s.BulkFilterSerializer(data=s.query_of(self.request))
         query.is_valid(raise_exception=True)
         if "label" in query.validated_data:
             qs = qs.filter(label=query.validated_data["label"])

@@ -110,6 +110,16 @@ def test_an_empty_or_senseless_list_parameter_is_refused(as_alice, query):
     assert isinstance(errors, list) and errors and all(isinstance(e, str) for e in errors), body
 
 
+@pytest.mark.parametrize("url", ["/api/v1/requests/", "/api/v1/bulks/", "/api/v1/usage/"])
+def test_a_parameter_given_twice_is_refused(as_alice, url):
+    """?state=done&state=failed was read as state=failed alone, and listed none of the done
+    ones (a probe's finding)."""
+    name = {"/api/v1/requests/": "state", "/api/v1/bulks/": "label", "/api/v1/usage/": "by"}[url]
+    first, second = {"state": ("done", "failed"), "label": ("a", "b"), "by": ("user", "group")}[name]
+    body = api_error(as_alice.get(f"{url}?{name}={first}&{name}={second}"), 400)
+    assert "given 2 times: give it once" in body["fields"][name][0]
+
+
 @pytest.mark.parametrize("url, query", [("/api/v1/usage/", "until="), ("/api/v1/usage/", "since="),
                                         ("/api/v1/usage/", "by="), ("/api/v1/usage/csv/", "until="),
                                         ("/api/v1/bulks/", "label=")])
