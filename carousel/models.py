@@ -351,8 +351,11 @@ class GroupShare(models.Model):
         null=True, blank=True, help_text="Most drives this group may hold at once (empty: no limit).")
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="groupshare_weight_positive",
-                                              violation_error_message="The weight must be greater than 0."),
+        # At most an activity's largest weight: 1e300 was taken, and two such groups' weights add
+        # up to infinity in the sharing policy's arithmetic.
+        constraints = [models.CheckConstraint(condition=Q(weight__gt=0, weight__lte=1e6), name="groupshare_weight_positive",
+                                              violation_error_message="The weight must be greater than 0 and at most "
+                                                                      "1,000,000."),
                        models.CheckConstraint(condition=Q(max_drives__isnull=True) | Q(max_drives__gte=F("reserved_drives")),
                                               name="groupshare_max_drives_covers_reserved",
                                               violation_error_message="The most drives cannot be below the reserved "

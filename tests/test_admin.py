@@ -318,6 +318,8 @@ def test_a_constraint_the_admin_meets_says_what_to_fix_not_its_name(db):
     Activity.objects.create(name="Express", priority=1, weight=1)
     for obj, says in [(Activity(name=" Express ", priority=1, weight=1), "An activity of that name for every group"),
                       (GroupShare(group=Group.objects.create(name="g"), weight=0), "The weight must be greater than 0"),
+                      # 1e300 was taken; two such groups' weights add up to infinity (a probe).
+                      (GroupShare(group=Group.objects.create(name="h"), weight=1e300), "and at most 1,000,000"),
                       (RestoreRequest(path="/a", priority=9), "priority")]:
         with pytest.raises(ValidationError) as caught:
             obj.full_clean()

@@ -174,6 +174,7 @@ def test_user_group_token_commands_are_idempotent_and_scriptable(db, monkeypatch
     (["group", "gy", "--weight", "inf"], "weight must be a number greater than 0"),
     (["group", "gx", "--weight", "nan"], "weight must be a number greater than 0"),
     (["group", "gz", "--weight", "0"], "weight must be a number greater than 0"),
+    (["group", "gz", "--weight", "1e300"], "at most 1,000,000"),  # two such were infinity (a probe)
     (["group", ""], "a group's name must be"),
     (["group", "tab\there"], "a group's name must be"),
     (["group", "g" * 151], "a group's name must be"),

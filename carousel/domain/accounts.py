@@ -23,6 +23,7 @@ def _check_name(what, name):
         raise AccountError(f"{what} must be 1 to 150 printable characters, got {name[:60]!r}")
 
 
+MAX_WEIGHT = 1e6  # GroupShare's constraint, as an activity's weight
 MAX_COUNT = 2**31 - 1  # a PositiveIntegerField's largest value on every database Django supports
 
 
@@ -37,8 +38,8 @@ def ensure_group(name, *, weight=None, inflight_cap=None):
     """The group `name` with its share row; given values replace the stored ones."""
     _check_name("a group's name", name)
     # inf stopped every cycle (the sharing policy's arithmetic), nan was a database error.
-    if weight is not None and not (math.isfinite(weight) and weight > 0):
-        raise AccountError(f"weight must be a number greater than 0, got {weight}")
+    if weight is not None and not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        raise AccountError(f"weight must be a number greater than 0 and at most {MAX_WEIGHT:,.0f}, got {weight}")
     _check_count("--inflight-cap", inflight_cap)
     group, _ = Group.objects.get_or_create(name=name)
     share, _ = GroupShare.objects.get_or_create(group=group)
