@@ -51,6 +51,16 @@ def test_a_mapped_identity_is_used_only_from_a_protected_map_file(tmp_path):
     assert xrd.on_behalf_of("alice.1234:22@wn7.farm.example.org", env) is None  # anyone could edit it
 
 
+def test_a_malformed_line_of_the_map_is_said_in_the_log(tmp_path, capsys):
+    """It was dropped without a word, and its clients' requests went to the token's account."""
+    mapfile = tmp_path / "usermap"
+    mapfile.write_text("garbage line without user\nalice@*.farm.example.org alice\n")
+    mapfile.chmod(0o644)
+    env = {"CAROUSEL_XRD_USERMAP": str(mapfile)}
+    assert xrd.on_behalf_of("alice.1234:22@wn7.farm.example.org", env) == "alice"
+    assert f"{mapfile} line 1: expected PATTERN USER, ignored" in capsys.readouterr().err
+
+
 def test_stage_sends_on_behalf_of_only_for_a_mapped_client(tmp_path, monkeypatch):
     sent = []
 

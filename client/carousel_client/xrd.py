@@ -90,9 +90,13 @@ def on_behalf_of(tident, env=None):
         return None
     user, _, host = tident.partition("@")
     who = f"{user.split('.', 1)[0]}@{host}"
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         fields = line.split("#", 1)[0].split()
-        if len(fields) == 2 and fnmatch.fnmatchcase(who, fields[0]):
+        if fields and len(fields) != 2:
+            # Said in XRootD's log: a line dropped without a word sent its clients' requests
+            # to the token's own account.
+            log(f"{mapfile} line {number}: expected PATTERN USER, ignored")
+        elif fields and fnmatch.fnmatchcase(who, fields[0]):
             return fields[1]
     return None
 
