@@ -65,6 +65,10 @@ def requests_page(request):
         "next_query": _with(query, after=next_after) if next_after else "",
         "first_query": query.urlencode() if data.get("after") else None,
         "here": request.get_full_path(), "active_states": ACTIVE_STATES,
+        # Another user's submission, none, or not an id: said, not shown as an empty submission
+        # of yours (a bad value is otherwise dropped from the filter).
+        "not_yours": (str(data["bulk"]) if data.get("bulk") and not focus
+                      else request.GET.get("bulk", "")[:80] if "bulk" in form.errors else ""),
         "cancellable": any(r.state in ACTIVE_STATES for r in rows),
     })
 

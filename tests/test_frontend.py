@@ -630,3 +630,16 @@ def test_a_before_link_out_of_range_is_ignored_as_a_bad_filter_is(client, alice,
     assert client.get("/", {"before": before}).status_code == 200
     moment = _moment(before)
     assert moment is None or moment.tzinfo == dt_timezone.utc
+
+
+@pytest.mark.parametrize("given", ["bob's", "nonsense"])
+def test_a_submission_that_is_not_yours_is_said_so(as_alice_web, bob, now, given):
+    """?bulk= with another user's submission showed "Showing the requests of submission ...",
+    empty, and with a value that is not an id, every submission, without a word (a probe)."""
+    from carousel.domain.services import restore_submit
+
+    theirs = restore_submit(user=bob, paths=["/bob/only"], now=now).bulk
+    value = str(theirs.pk) if given == "bob's" else "nonsense"
+    html = page(as_alice_web.get(f"/?bulk={value}"))
+    assert f"No submission of yours has the id <code>{value}</code>" in html
+    assert "/bob/only" not in html and "Showing the requests of submission" not in html
