@@ -54,6 +54,8 @@ class NewestFirst(CursorPagination):
     def decode_cursor(self, request):
         refused = serializers.ValidationError(
             {self.cursor_query_param: "not a cursor this API gave out: follow the next and previous links"})
+        if request.query_params.get(self.cursor_query_param) == "":
+            raise refused  # an empty filter is refused on every list (README), this one too
         try:
             cursor = super().decode_cursor(request)
         except exceptions.NotFound:

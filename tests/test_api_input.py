@@ -102,7 +102,8 @@ def test_any_offset_under_a_day_filters_by_the_instant_it_names(as_alice, alice,
 
 
 @pytest.mark.parametrize("query", ["until=", "since=", "tape=", "path=", "bulk=", "page_size=null", "page_size=0",
-                                   "page_size=-1", "page_size=1001", "page_size=", "cursor=garbage"])
+                                   "page_size=-1", "page_size=1001", "page_size=", "cursor=garbage",
+                                   "cursor="])
 def test_an_empty_or_senseless_list_parameter_is_refused(as_alice, query):
     body = api_error(as_alice.get(f"{URL}?{query}"), 400)
     # A list of errors, as for every field (page_size's and cursor's were a string: a probe).
