@@ -33,6 +33,8 @@ def varied(alice, bob, now, settings):
     services_cancel = RestoreRequest.objects.filter(path="/l/e")
     from carousel.domain.services import request_cancel
     request_cancel(queryset=services_cancel, now=now + timedelta(seconds=11))
+    # One not located yet (bob's /l/a was that one until a joined request took its file's tape).
+    restore_submit(user=bob, paths=["/l/f"], now=now + timedelta(seconds=12))
     return list(RestoreRequest.objects.select_related("tape", "user").order_by("id"))
 
 
