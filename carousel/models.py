@@ -776,8 +776,9 @@ class RestoreRequest(models.Model):
     last_error = models.TextField(blank=True)
     job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests")
     # A request served from another request's pinned copy (carousel/domain/ondisk.py) is in no
-    # job: this names the job whose stage made the copy, so whichever pin ends last has the
-    # stager release it (pins.py). Not a foreign key: retention prunes jobs freely.
+    # job, and one done by another job's stage (waiting to retry, queued: loop/progress.py) is
+    # not in that job: this names the job whose stage made the copy, so whichever pin ends last
+    # has the stager release it (pins.py). Not a foreign key: retention prunes jobs freely.
     copy_job = models.UUIDField(null=True, blank=True, help_text="The job whose restored copy this request was "
                                                                  "served from (a file already on disk).")
     # The file's place in its job: the read order the sorting policy chose, which the stager

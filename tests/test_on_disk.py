@@ -343,3 +343,37 @@ def test_on_the_embedded_sqlite_default_a_served_pin_is_the_copys_own_moment(tmp
     done = subprocess.run([sys.executable, "-c", SQLITE_SERVED], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "served OK" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_request_done_from_another_jobs_copy_releases_that_copy(alice, bob, as_alice, as_bob, stager):
+    """alice's request waiting to retry (its job failed) is done when bob's job reads the file;
+    it kept its failed job, and its pin's end, the last, asked the stager to release the copy
+    of that failed job, not of bob's, which stayed pinned (a reviewer's finding)."""
+    now = timezone.now()
+    failing = [True]
+
+    class FailsFirst(DiskStager):
+        def poll(self, jobs):
+            if failing[0]:
+                failing[0] = False
+                return {job.id: [FileStatus(p, "failed", "transient", "drive error") for p in job.paths]
+                        for job in jobs}
+            return super().poll(jobs)
+
+    disk = FailsFirst(stager.disk)
+    restore_submit(user=alice, paths=[PATH], now=now, pin_lifetime=HOUR)
+    run_cycle(now=now, stager=disk)
+    run_cycle(now=now + timedelta(seconds=1), stager=disk)
+    first_job = RestoreRequest.objects.get(user=alice).job_id
+    assert RestoreRequest.objects.get(user=alice).state == S.RETRY
+    restore_submit(user=bob, paths=[PATH], now=now + timedelta(seconds=2), pin_lifetime=HOUR)
+    run_cycle(now=now + timedelta(seconds=2), stager=disk)
+    run_cycle(now=now + timedelta(seconds=3), stager=disk)
+    bobs_job = RestoreRequest.objects.get(user=bob).job_id
+    assert bobs_job != first_job
+    assert set(RestoreRequest.objects.values_list("state", flat=True)) == {S.DONE}
+    assert as_bob.post("/api/v1/requests/release/", {"paths": [PATH]}, format="json").json() == {"released": 1}
+    run_cycle(now=now + timedelta(seconds=5), stager=disk)
+    assert as_alice.post("/api/v1/requests/release/", {"paths": [PATH]}, format="json").json() == {"released": 1}
+    run_cycle(now=now + timedelta(seconds=10), stager=disk)
+    assert disk.released == [(f"im-{bobs_job}", [PATH])]

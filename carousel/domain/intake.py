@@ -172,7 +172,7 @@ _QUEUE_REST = f"""
            CASE WHEN p.id IS NOT NULL AND %s THEN %s END, CASE WHEN p.id IS NOT NULL AND %s THEN COALESCE(%s, p.pin_until) END,
            CASE WHEN p.id IS NULL THEN '' WHEN %s THEN COALESCE(NULLIF(p.staged_path, ''), i.path)
                 ELSE p.staged_path END,
-           CASE WHEN p.id IS NOT NULL THEN %s ELSE '' END, COALESCE(p.job_id, p.copy_job)
+           CASE WHEN p.id IS NOT NULL THEN %s ELSE '' END, COALESCE(p.copy_job, p.job_id)
     FROM {Intake._meta.db_table} i
     JOIN {Bulk._meta.db_table} b ON b.id = i.bulk_id
     LEFT JOIN {REQUESTS} p ON p.id = (

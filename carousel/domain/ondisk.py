@@ -49,7 +49,7 @@ def pinned_copies(keys, *, now):
     keys = list(keys)
     if not keys:
         return {}
-    columns = "path_key, pin_until, COALESCE(job_id, copy_job), staged_path, size, tape_id, position"
+    columns = "path_key, pin_until, COALESCE(copy_job, job_id), staged_path, size, tape_id, position"
     live = f"state = '{S.DONE}' AND pin_until > %s"  # the model's own constant, not input
     if db.is_postgres():
         # In id order, as pins._end_pins locks them: two lockers of the same rows never deadlock.

@@ -5,8 +5,8 @@ releases it (release_pins), the broker asks the stager to release() the copy, th
 recorded stager call (carousel/loop/withdrawals.py), unless another request still wants the file:
 one active, or done with a pin still running. A request without a pin_lifetime holds no pin:
 the stager keeps or drops the copy by its own rules. A request served from another's pinned
-copy (carousel/domain/ondisk.py) names that copy's job (copy_job) and holds a pin of its own:
-whichever pin ends last releases the copy."""
+copy (carousel/domain/ondisk.py), or done by another job's stage (loop/progress.py), names that
+copy's job (copy_job) and holds a pin of its own: whichever pin ends last releases the copy."""
 
 from django.db import transaction
 from django.db.models import Q
@@ -56,7 +56,7 @@ def _end_pins(queryset, *, now):
     with transaction.atomic():
         # In id order, as a submission served from a pinned copy locks it (domain/ondisk.py): no deadlock.
         ended = list(queryset.filter(state=S.DONE, pin_until__isnull=False).order_by("id")
-                     .select_for_update(of=("self",), no_key=True).values_list("id", "path_key", "path", Coalesce("job_id", "copy_job")))
+                     .select_for_update(of=("self",), no_key=True).values_list("id", "path_key", "path", Coalesce("copy_job", "job_id")))
         if not ended:
             return 0
         RestoreRequest.objects.filter(id__in=[i for i, *_ in ended]).update(pin_until=None)

@@ -151,7 +151,7 @@ def collect_progress(*, now, stager, control, report, was_down=None):
             if starting:
                 request_transition(in_jobs.filter(path__in=starting), S.STAGING, now=now)
             if done:
-                report.done += _staged(in_jobs, [st for _, st in done], now=now)
+                report.done += _staged(in_jobs, done, now=now)
                 results += len(done)
             for job, st in failed:
                 fail_requests(in_jobs.filter(job=job, path=st.path), st, now=now, control=control, report=report)
@@ -171,14 +171,25 @@ def collect_progress(*, now, stager, control, report, was_down=None):
     return h.Observation(results=results, failures=failures, progressed=progressed, stalled=stalled)
 
 
-def _staged(in_job, statuses, *, now):
-    """Files on the stager's disk: every user's active request for them moves on, one stage
-    serving all users; those with a destination go to delivery, the others are done."""
-    disk_path = {st.path: st.disk_path for st in statuses}
-    rows = list(in_job.filter(path__in=list(disk_path)).values_list("path", "path_key"))
+def _staged(in_job, done, *, now):
+    """Files on the stager's disk ((job, status) pairs): every user's active request for them
+    moves on, one stage serving all users; those with a destination go to delivery, the others
+    are done."""
+    disk_path = {st.path: st.disk_path for _, st in done}
+    rows = list(in_job.filter(path__in=list(disk_path)).values_list("job_id", "path_key"))
     if not rows:
         return 0
     keys = [k for _, k in rows]
+    # The requests of these files outside the job that read them (waiting to retry with their
+    # failed job, queued) are served by its copy and name it, as a request served from a pinned
+    # copy does (copy_job): the end of their pin releases the copy where it is. They kept their
+    # own job, and the release went to it (a failed job), the copy staying pinned.
+    by_job = {}
+    for job_id, key in rows:
+        by_job.setdefault(job_id, []).append(key)
+    for job_id, job_keys in by_job.items():
+        RestoreRequest.objects.filter(path_key__in=job_keys, state__in=ACTIVE_STATES).exclude(job_id=job_id).update(
+            copy_job=job_id)
     n = requests_on_disk(RestoreRequest.objects.filter(path_key__in=keys), disk_path, now=now)
     Tape.objects.filter(requests__path_key__in=keys, recent_failures__gt=0).update(recent_failures=0)
     return n
