@@ -81,8 +81,8 @@ def never_locate(mp):
 
 def stage_again(mp):
     """Files the stager reports staged go back to the queue instead of being done."""
-    def staged(in_job, statuses, *, now):
-        return services.request_transition(in_job.filter(path__in=[st.path for st in statuses]),
+    def staged(in_job, done, *, now):  # progress._staged's (job, status) pairs
+        return services.request_transition(in_job.filter(path__in=[st.path for _, st in done]),
                                            RequestState.QUEUED, now=now)
 
     mp.setattr(progress, "_staged", staged)
