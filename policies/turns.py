@@ -167,8 +167,19 @@ class FairTurns(TurnPolicy):
         # fits); and only for the lanes whose turn comes first (higher priorities first), until
         # their pools hold twice the slots. This keeps the pools, and the cycle's cost, in
         # proportion to the slots, not to the users or their backlogs.
+        # Priorities order the lanes within a group, not across groups: a group's lanes of its
+        # highest priority come first, by their turns among every group's (a priority activity
+        # of one group filling the pools left the other groups none, cycle after cycle, while it
+        # lasted); its lower ones after them, for when those have nothing to mount.
+        top_of = {}
+        for key, lane in lanes.items():
+            top_of[group_of[key[0]]] = max(top_of.get(group_of[key[0]], lane.priority), lane.priority)
         wanted, total = {}, 0
-        for key in sorted(lanes, key=lambda k: (-lanes[k].priority, tag(k, held[k]))):
+        def gathering(key):
+            lower = lanes[key].priority < top_of[group_of[key[0]]]
+            return lower, -lanes[key].priority if lower else 0, tag(key, held[key])
+
+        for key in sorted(lanes, key=gathering):
             if total >= 2 * slots:
                 break
             d = demand[key[0]]
@@ -211,6 +222,11 @@ class FairTurns(TurnPolicy):
             if mounts is not None and busy and mounts <= 0:
                 continue  # no drive needs another long mount yet: this user's turn waits
             group = group_of[user]
+            # The user's cap holds across their lanes (each lane's pool is within it alone).
+            user_left = user_room[user] - allotments.get(user, 0)
+            if user_left <= 0:
+                continue  # at their cap this cycle: their other lanes wait too
+            run = run[:user_left]
             fit = min(remaining, group_room.get(group, remaining))
             # A policy that keeps tapes whole needs room for all the user's ready files on the
             # tape, not only those its pool held (the pool may have been cut by the slots), as
@@ -221,7 +237,7 @@ class FairTurns(TurnPolicy):
             tape = run[0].tape
             need = len(run)
             if work.whole_tapes:
-                most = min(work.tapes[tape].user_files.get(user, 0), user_room[user],
+                most = min(work.tapes[tape].user_files.get(user, 0), user_left,
                            work.groups[group].room if group in work.groups else need)
                 need = max(need, most)
             riders = {}
