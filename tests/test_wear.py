@@ -8,7 +8,7 @@ import pytest
 
 from carousel.loop import wear
 from carousel.loop.cycle import run_cycle
-from carousel.models import Control, Job, JobState, RestoreRequest
+from carousel.models import Control, GroupShare, Job, JobState, RestoreRequest
 from carousel.domain.services import restore_submit
 from carousel.tape import GB
 from tests.test_plan import all_done, library_stager, run_until
@@ -152,3 +152,30 @@ def test_the_admin_shows_and_saves_the_wear_settings(client, operator):
     for name in ("min_mount_files", "min_mount_bytes", "mount_max_wait_s", "remount_delay_s"):
         assert f'name="{name}"'.encode() in page.content
     assert b"Mounts worth their wear" in page.content
+
+
+# (A reviewer's finding: the free drives were counted as if every other new mount took one; a
+# group at its drive allocation queues its mount behind its current one, and the small run stayed
+# held, its drive idle, for 46 cycles.)
+def test_a_held_small_run_takes_the_drive_a_capped_groups_mount_cannot(shipped, alice, charlie):
+    now = shipped
+    GroupShare.objects.filter(group__name="analysis").update(max_drives=1)  # alice's group: one drive at most
+    big1 = [(f"/d/B1/f{i}", i * 50 * GB, 20 * GB) for i in range(30)]  # 600 GB each: worth a mount
+    big2 = [(f"/d/B2/f{i}", i * 50 * GB, 20 * GB) for i in range(30)]
+    stager, clock = library_stager(2, {"B1": big1, "B2": big2, "S": [("/d/S/one", 300 * GB, 2 * GB)]})
+    restore_submit(user=alice, paths=[p for p, _, _ in big1], now=now)
+    run_cycle(now=now, stager=stager)
+    clock[0] = 10.0
+    restore_submit(user=alice, paths=[p for p, _, _ in big2], now=now + timedelta(seconds=10))
+    restore_submit(user=charlie, paths=["/d/S/one"], now=now + timedelta(seconds=10))
+    idle_cycles = 0
+    for s in range(10, 900, 10):  # a cycle every 10 s, as the replays run it
+        clock[0] = float(s)
+        run_cycle(now=now + timedelta(seconds=s), stager=stager)
+        if Job.objects.filter(tape__label="S").exists():
+            break
+        sent_on = set(Job.objects.filter(state=JobState.SENT).values_list("chain", flat=True))
+        idle_cycles += len(sent_on) < 2
+    # B2 may not take drive LTO-8/1 (analysis holds its one drive): it waits behind B1 on LTO-8/0.
+    # LTO-8/1 has nothing to do and charlie's 2 GB run could use it at once.
+    assert idle_cycles == 0, f"LTO-8/1 idle for {idle_cycles} cycles while charlie's run was held (s={s})"

@@ -177,12 +177,37 @@ class MountPlanner:
                          and not set(users.get(tape_id, ())) & busy)
                 mounts.append(_NewMount(tape_id, files, pre, suf, group, short, replanned=tape_id in replanned))
                 steps.append(mounts[-1])
-        self.held = self._wear_holds(mounts, tapes, chains, control=control, now=now, priorities=priorities or {})
+        # The wear rules choose between candidates (wear.py): the runs they would hold are laid
+        # out last, on the drives the rest of this cycle's work leaves with nothing to do. Which
+        # drives those are is known once the rest is laid out (a group at its drive allocation
+        # queues its mount behind its current one, a mount taken back goes where the plan puts
+        # it), so it is laid out without them first, then again with those the idle drives take.
+        held = self._wear_holds(mounts, tapes, control=control, now=now, priorities=priorities or {})
+        idle = {name for name, c in chains.items() if c.tail is None and c.front is None}
+        pieces = self._place(steps, held, ordered, chains, control=control, groups=groups, split=split)
+        if held:
+            free = Counter(name.rsplit("/", 1)[0] for name in idle - {p.chain for p in pieces})
+            released = set()
+            for m in mounts:  # in turn order
+                if m.tape in held and free[m.group] > 0:
+                    free[m.group] -= 1
+                    released.add(m.tape)
+            if released:
+                held = {tape: rule for tape, rule in held.items() if tape not in released}
+                pieces = self._place(steps, held, ordered, self._chains(), control=control, groups=groups,
+                                     split=split)
+        self.held = held
+        return pieces
+
+    def _place(self, steps, held, ordered, chains, *, control, groups, split):
+        """The cycle's pieces from `steps`, without the new mounts of `held`'s tapes: short
+        mounts in front of the drives' chains (which this updates), long ones laid out by the
+        plan after what each chain holds."""
         pieces, work = [], {}
         for step in steps:
             if isinstance(step, Planned):
                 pieces.append(step)
-            elif step.tape in self.held:
+            elif step.tape in held:
                 continue  # held back by a wear rule: its requests stay queued for a later cycle
             elif step.short:
                 pieces.append(self._short(step.tape, step.files, step.pre[-1], chains, step.group, control))
@@ -203,12 +228,12 @@ class MountPlanner:
                     pieces.append(after)
         return pieces
 
-    def _wear_holds(self, mounts, tapes, chains, *, control, now, priorities):
-        """{tape id: rule} of this cycle's new mounts the wear rules hold back (wear.py). A rule
-        only chooses between candidates: min_mount holds a small run only while a run big
-        enough for it (a new one, or one planned or on a drive) waits for its technology's
-        drives, remount_delay a tape only while any other work does; and the drives that would
-        otherwise have nothing to do take the held runs, in turn, at once. Mounts planned
+    def _wear_holds(self, mounts, tapes, *, control, now, priorities):
+        """{tape id: rule} of this cycle's new mounts the wear rules would hold back (wear.py).
+        A rule only chooses between candidates: min_mount holds a small run only while a run
+        big enough for it (a new one, or one planned or on a drive) waits for its technology's
+        drives, remount_delay a tape only while any other work does; lay_out gives the drives
+        that would otherwise have nothing to do the held runs, in turn, at once. Mounts planned
         again (taken back) are not new."""
         rules = WearRules.of(control)
         mine = [m for m in mounts if not m.replanned]
@@ -233,22 +258,7 @@ class MountPlanner:
         if wear.MIN_MOUNT in rule_of.values():
             big |= self._big_on_chains(rules)
         group_of = {m.tape: m.group for m in mine}
-        rule_of = {t: r for t, r in rule_of.items() if r != wear.MIN_MOUNT or group_of[t] in big}
-        if not rule_of:
-            return {}
-        # Drives with nothing open, less those this cycle's other new mounts take (each goes to a
-        # free drive first): the held runs take the rest, in turn.
-        free = Counter(name.rsplit("/", 1)[0] for name, c in chains.items() if c.tail is None and c.front is None)
-        free.subtract(Counter(m.group for m in mounts if m.tape not in rule_of))
-        held = {}
-        for m in mine:
-            if m.tape not in rule_of:
-                continue
-            if free[m.group] > 0:
-                free[m.group] -= 1
-            else:
-                held[m.tape] = rule_of[m.tape]
-        return held
+        return {t: r for t, r in rule_of.items() if r != wear.MIN_MOUNT or group_of[t] in big}
 
     def _big_on_chains(self, rules):
         """The technologies (chain groups) whose drives' chains hold a long mount big enough for
