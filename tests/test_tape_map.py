@@ -11,7 +11,8 @@ from django.core.management.base import CommandError
 
 from carousel.domain.services import restore_submit
 from carousel.loop.cycle import run_cycle
-from carousel.models import Control, RestoreRequest, TapeMapEntry
+from carousel.loop.locating import record_locations
+from carousel.models import Control, RestoreRequest, Tape, TapeMapEntry
 from carousel.stagers.base import Location
 from carousel.stagers.immediate import ImmediateStager
 from carousel.stagers.tape_rest import TapeRestStager
@@ -251,3 +252,13 @@ def test_tape_rest_sends_one_stage_request_per_tape_and_one_tape_per_drive(alice
         # order (MountPlanner.order), so that is the mount the broker plans and estimates.
         assert files == position_order([(p, positions[p], GB) for p in files])
     assert Counter(paths[files[0]] for files in requests) == Counter({"V0": 1, "V1": 1, "V2": 1})
+
+
+# (A reviewer's finding: the last line of a tape decided its media, and an empty one left it unknown.)
+def test_a_tape_takes_its_media_from_any_of_its_map_lines(db, tmp_path, now):
+    m = tmp_path / "map.csv"
+    m.write_text("path,tape,media\n/star/a,L1,LTO-8\n/star/b,L1,\n")
+    call_command("load-tape-map", str(m))
+    hidden = [Location(path=p, tape="rest:/star", position=0, size=0, tape_known=False) for p in ("/star/a", "/star/b")]
+    record_locations(hidden, now=now)
+    assert Tape.objects.get(label="L1").media == "LTO-8"

@@ -169,7 +169,10 @@ def placed_by_map(found):
 
 def record_locations(found, *, now):
     found = placed_by_map(found)
-    labels = {loc.tape: loc.media for loc in found}
+    # A tape's technology from any of its lines that names one (the map may name it on some only).
+    labels = {}
+    for loc in found:
+        labels[loc.tape] = labels.get(loc.tape) or loc.media
     Tape.objects.bulk_create([Tape(label=label, media=media) for label, media in labels.items()],
                              ignore_conflicts=True)
     # A tape first seen without its technology learns it from a later answer (a map loaded since).
