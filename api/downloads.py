@@ -14,7 +14,8 @@ def restored_rows(bulk, fmt):
     for row in sub.bulk_files(bulk, [RequestState.DONE], sub.RESTORED_COLUMNS):
         kind, place = sub.restored_where(path=row["path"], staged_path=row["staged_path"],
                                          destination=row["destination"],
-                                         destination_layout=row["destination_layout"])
+                                         destination_layout=row["destination_layout"],
+                                         delivery_fs=row["delivery_fs"])
         pinned = row["pin_until"].isoformat() if row["pin_until"] else ""
         if fmt == "csv":
             yield [row["path"], place, kind, pinned, row["finished_at"].isoformat(), row["size"]]

@@ -139,10 +139,12 @@ class RequestSerializer(serializers.ModelSerializer):
         return obj.staged_path or None if obj.state == RequestState.DONE else None
 
     def get_where(self, obj) -> str | None:
-        return _where(obj.state, obj.path, obj.staged_path, obj.destination, obj.destination_layout)[1]
+        return _where(obj.state, obj.path, obj.staged_path, obj.destination, obj.destination_layout,
+                      obj.delivery_fs)[1]
 
     def get_where_kind(self, obj) -> str | None:
-        return _where(obj.state, obj.path, obj.staged_path, obj.destination, obj.destination_layout)[0]
+        return _where(obj.state, obj.path, obj.staged_path, obj.destination, obj.destination_layout,
+                      obj.delivery_fs)[0]
 
 
 class OutlookSerializer(serializers.Serializer):
@@ -162,11 +164,12 @@ class RequestDetailSerializer(RequestSerializer):
         read_only_fields = fields
 
 
-def _where(state, path, staged_path, destination, layout):
+def _where(state, path, staged_path, destination, layout, delivery_fs):
     """(kind, place) of a restored file, (None, None) for any other."""
     if state != RequestState.DONE:
         return None, None
-    return restored_where(path=path, staged_path=staged_path, destination=destination, destination_layout=layout)
+    return restored_where(path=path, staged_path=staged_path, destination=destination, destination_layout=layout,
+                          delivery_fs=delivery_fs)
 
 
 # The list of requests is polled all day. A page is read as values() rows and written by
@@ -189,7 +192,7 @@ def request_list_values(queryset):
     else:
         dates = {f"shown_{name}": F(name) for name in _REQUEST_DATES}
     return queryset.values("id", "path", "user__username", "state", "priority", "activity", "size", "tape__label", "position",
-                           "destination", "destination_layout", "staged_path", "pin_lifetime", "attempts",
+                           "destination", "destination_layout", "delivery_fs", "staged_path", "pin_lifetime", "attempts",
                            "error_class", "last_error", "job_id", **dates)
 
 
@@ -235,7 +238,7 @@ def request_list_data(rows):
 
 def _with_where(data, row, zone):
     data["where_kind"], data["where"] = _where(row["state"], row["path"], row["staged_path"], row["destination"],
-                                               row["destination_layout"])
+                                               row["destination_layout"], row["delivery_fs"])
     data["pin_until"] = _date_text(row["shown_pin_until"], zone)
     return data
 

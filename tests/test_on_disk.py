@@ -24,6 +24,7 @@ from carousel.models import Bulk, Job, RequestState as S, RestoreRequest
 from carousel.stagers.base import FileStatus
 from carousel.stagers.immediate import ImmediateStager
 from carousel.stagers.tape_rest import TapeRestStager
+from tests.conftest import client_for
 from tests import counters_scenario, databases
 from tests.conftest import a_backend_waits_for_a_lock
 from tests.fakes.tape_rest_server import TapeRestServer
@@ -377,3 +378,28 @@ def test_a_request_done_from_another_jobs_copy_releases_that_copy(alice, bob, as
     assert as_alice.post("/api/v1/requests/release/", {"paths": [PATH]}, format="json").json() == {"released": 1}
     run_cycle(now=now + timedelta(seconds=10), stager=disk)
     assert disk.released == [(f"im-{bobs_job}", [PATH])]
+
+
+# (A reviewer's finding: with the default delivery, which moves no files, a request that named a
+# destination was shown "delivered to" it, a path where nothing was ever written.)
+@pytest.mark.django_db
+def test_a_file_never_delivered_is_not_said_to_be_delivered(settings, alice, tmp_path):
+    settings.CAROUSEL_DELIVERY = "none"  # the default: files are used where the stager put them
+    settings.CAROUSEL_DESTINATION_ROOTS = ["/scratch"]
+    stager = DiskStager(tmp_path / "stager-disk")
+    now = timezone.now()
+    bulk = restore_submit(user=alice, paths=["/star/raw/a.daq"], now=now, destination="/scratch/alice",
+                          pin_lifetime=timedelta(hours=1)).bulk
+    run_cycle(now=now, stager=stager)
+    run_cycle(now=now + timedelta(seconds=1), stager=stager)
+    request = RestoreRequest.objects.get()
+    assert request.state == S.DONE and request.delivery_started_at is None
+    copy = request.staged_path
+    assert copy.startswith(str(tmp_path / "stager-disk"))
+    assert not (tmp_path / "scratch").exists()  # nothing was copied anywhere
+    detail = client_for(alice).get(f"/api/v1/requests/{request.id}/").json()
+    text = b"".join(client_for(alice).get(f"/api/v1/bulks/{bulk.id}/restored.txt").streaming_content).decode()
+    assert (detail["where_kind"], detail["where"]) == ("disk", copy), (detail["where_kind"], detail["where"])
+    assert text.split("\t")[1] == f"on disk at {copy}", text
+    listed = client_for(alice).get("/api/v1/requests/").json()["results"][0]
+    assert (listed["where_kind"], listed["where"]) == ("disk", copy)

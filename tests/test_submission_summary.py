@@ -38,7 +38,8 @@ def a_submission_at_every_step(user):
     mine(path="/s/disk").update(state="done", finished_at=finished, staged_path="/stage/s/disk",
                                 pin_until=now + timedelta(hours=6))
     mine(path="/s/delivered").update(state="done", finished_at=finished + timedelta(minutes=1),
-                                     staged_path="/stage/s/delivered", destination="/scratch/alice")
+                                     staged_path="/stage/s/delivered", destination="/scratch/alice",
+                                     delivery_fs="/scratch")  # it went through the delivery step
     mine(path="/s/in-place").update(state="done", finished_at=finished + timedelta(minutes=2))
     mine(path="/s/failed").update(state="failed", finished_at=finished, error_class="permanent",
                                   last_error="no such file on tape")

@@ -81,4 +81,4 @@ def path_breaks(path):
 def restored_where(request):
     """Where a restored request's file is: "on disk at ...", "delivered to ...", "used in place at ..."."""
     return where_text(*where_of(path=request.path, staged_path=request.staged_path, destination=request.destination,
-                                destination_layout=request.destination_layout))
+                                destination_layout=request.destination_layout, delivery_fs=request.delivery_fs))

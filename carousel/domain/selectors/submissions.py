@@ -145,11 +145,14 @@ def own_bulk(user, bulk_id):
 WHERE_DISK, WHERE_DELIVERED, WHERE_IN_PLACE = "disk", "delivered", "in_place"
 
 
-def restored_where(*, path, staged_path, destination, destination_layout):
-    """(kind, place) of a restored file: delivered to its destination; else on the stager's disk
-    at the path it told; else used in place, at its own path (a stager that restores a file
-    where it is named, such as a disk cache in front of the tape)."""
-    if destination:
+def restored_where(*, path, staged_path, destination, destination_layout, delivery_fs):
+    """(kind, place) of a restored file: delivered to its destination, when it was (it went
+    through the delivery step: `delivery_fs` names the file system it was delivered on; a site
+    whose delivery moves no files, the default, leaves the file where the stager put it, even
+    for a request that named a destination); else on the stager's disk at the path it told;
+    else used in place, at its own path (a stager that restores a file where it is named, such
+    as a disk cache in front of the tape)."""
+    if destination and delivery_fs:
         return WHERE_DELIVERED, delivery_target(destination, destination_layout, path)
     if staged_path:
         return WHERE_DISK, staged_path
@@ -164,7 +167,7 @@ def where_text(kind, place):
     return f"{_WHERE_TEXT[kind]} {place}"
 
 
-RESTORED_COLUMNS = ("id", "path", "staged_path", "destination", "destination_layout", "pin_until", "finished_at",
+RESTORED_COLUMNS = ("id", "path", "staged_path", "destination", "destination_layout", "delivery_fs", "pin_until", "finished_at",
                     "size")
 FAILED_COLUMNS = ("id", "path", "state", "error_class", "last_error", "attempts", "finished_at")
 
