@@ -1,5 +1,6 @@
 """The pages. Views read a form, call a service or a selector, and render; nothing more."""
 import copy
+import uuid
 from datetime import timezone as dt_timezone
 from dataclasses import replace
 
@@ -54,13 +55,16 @@ def requests_page(request):
         shown = [focus] if focus else []
     elif not (data.get("state") or data.get("path") or data.get("after")):
         before = _moment(request.GET.get("before", ""))
-        shown, older = submission_selectors.newest_bulks(request.user, size=SUBMISSIONS_SHOWN, before=before)
+        shown, older = submission_selectors.newest_bulks(
+            request.user, size=SUBMISSIONS_SHOWN,
+            before=None if before is None else (before, _uuid(request.GET.get("before_id", ""))))
     summaries = submissions.submission_summaries(shown, user=request.user, now=now, ctx=ctx)
     cards = [_card(b, summaries[b.pk], now) for b in shown]
     query.pop("before", None)
+    query.pop("before_id", None)
     return render(request, "frontend/requests.html", {
         "submissions": cards if not focus else [], "focus": cards[0] if focus else None,
-        "older_submissions": _with(query, before=older.isoformat()) if older else "",
+        "older_submissions": _with(query, before=older[0].isoformat(), before_id=older[1]) if older else "",
         "form": form, "rows": [(r, outlooks[r.id]) for r in rows], "ctx": ctx, "filtered": bool(query),
         "next_query": _with(query, after=next_after) if next_after else "",
         "first_query": query.urlencode() if data.get("after") else None,
@@ -71,6 +75,14 @@ def requests_page(request):
                       else request.GET.get("bulk", "")[:80] if "bulk" in form.errors else ""),
         "cancellable": any(r.state in ACTIVE_STATES for r in rows),
     })
+
+
+def _uuid(raw):
+    """A submission's id from a link (?before_id=); None for anything else (ignored, as a bad filter is)."""
+    try:
+        return uuid.UUID(raw[:40])
+    except ValueError:
+        return None
 
 
 def _moment(raw):

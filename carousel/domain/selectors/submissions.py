@@ -5,7 +5,7 @@ and no file is brought into Python to be counted."""
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count, Max, Min, Sum
+from django.db.models import Count, Max, Min, Q, Sum
 
 from carousel.domain.paths import delivery_target
 from carousel.infra import db
@@ -127,12 +127,16 @@ def _later(a, b):
 
 def newest_bulks(user, *, size=10, before=None):
     """One page of the user's submissions, newest first (the (user, -created_at) index):
-    (bulks, the `before` of the next page or None)."""
+    (bulks, the `before` of the next page or None). `before`: (created_at, id) of the last one
+    shown, or (created_at, None): submissions made at one moment (an API client's, a script's)
+    straddling a page's end are each listed once (by created_at alone, the rest were skipped)."""
     qs = Bulk.objects.filter(user=user).order_by("-created_at", "-id")
     if before is not None:
-        qs = qs.filter(created_at__lt=before)
+        moment, last_id = before
+        qs = qs.filter(Q(created_at__lt=moment) | Q(created_at=moment, id__lt=last_id) if last_id is not None
+                       else Q(created_at__lt=moment))
     rows = list(qs[:size + 1])
-    return rows[:size], (rows[size - 1].created_at if len(rows) > size else None)
+    return rows[:size], ((rows[size - 1].created_at, rows[size - 1].id) if len(rows) > size else None)
 
 
 def own_bulk(user, bulk_id):
