@@ -85,6 +85,10 @@ def _summaries(bulks, *, user, now, ctx):
             continue
         spans = {i: outlooks[i].eta for i in _sample_ids(fig) if i in outlooks}
         estimate = combine_ranges(spans.values(), now=now)
+        if estimate and fig.not_located:
+            # A file not located yet has no basis: the rest may be back from the earliest on,
+            # with no latest ("not before"), not by the located ones' latest.
+            estimate = (estimate[0], None)
         out[bulk.pk] = SubmissionSummary(figures=fig, files=bulk.files, finished=False, estimate=estimate,
                                          why=_why(fig, outlooks, now))
     return out
