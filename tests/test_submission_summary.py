@@ -12,9 +12,11 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from carousel.domain import selectors
 from carousel.domain.services import restore_submit
 from carousel.loop.locating import locate_requests
-from carousel.models import Job, RestoreRequest
+from carousel.models import Bulk, Job, RestoreRequest, Tape
+from carousel.outlook import estimates
 from carousel.outlook.submissions import submission_summary
 from carousel.stagers.immediate import ImmediateStager
 from tests.conftest import client_for
@@ -260,3 +262,43 @@ def test_a_file_not_located_leaves_the_latest_open(alice, now):
     assert summary.figures.not_located == 1
     assert summary.estimate[0] is not None
     assert summary.estimate[1] is None, f"the rest by {summary.estimate[1]:%H:%M:%S}, one file not even located"
+
+
+# (A reviewer's finding: each group's range was sampled at its first and last file by id, which lie
+# anywhere on the tape and in the mount: the submission's range fell inside its files' own.)
+# Submission order (= id order) is not tape order: the first and the last by id lie mid-tape.
+POSITIONS = [5, 9, 0, 7, 2, 8, 1, 6, 3, 4]
+
+
+def _per_file_bounds(user, now):
+    rows, _ = selectors.request_page(user=user, size=200)
+    ctx = estimates.queue_context(user=user, now=now)
+    got = estimates.request_outlooks(rows, user=user, ctx=ctx)
+    lows = [now + timedelta(seconds=o.eta[0]) for o in got.values() if o.eta]
+    highs = [now + timedelta(seconds=o.eta[1]) for o in got.values() if o.eta]
+    return min(lows), max(highs)
+
+
+def test_queued_submission_range_covers_every_files_own_range(alice, now):
+    drives(n=1, speedup=1)
+    located(alice, {f"/q/{i}": ("TA", p * 10**11) for i, p in enumerate(POSITIONS)}, now)
+    bulk = Bulk.objects.get()
+    earliest, latest = submission_summary(bulk, now=now).estimate
+    first, last = _per_file_bounds(alice, now)
+    shown = f"submission {earliest:%H:%M:%S}-{latest:%H:%M:%S}, its files {first:%H:%M:%S}-{last:%H:%M:%S}"
+    assert earliest <= first and latest >= last, shown
+
+
+def test_planned_submission_range_covers_every_files_own_range(alice, now):
+    drives(n=1, speedup=1)
+    located(alice, {f"/p/{i}": ("TP", p * 10**11) for i, p in enumerate(POSITIONS)}, now)
+    job = Job.objects.create(created_at=now, tape=Tape.objects.get(label="TP"), chain="LTO-7/0",
+                             estimate_s=3600, files=len(POSITIONS))
+    for i, p in enumerate(POSITIONS):  # the job reads them in position order, as the claim ranks them
+        RestoreRequest.objects.filter(path=f"/p/{i}").update(state="submitted", job=job, job_rank=p,
+                                                              submitted_at=now)
+    bulk = Bulk.objects.get()
+    earliest, latest = submission_summary(bulk, now=now).estimate
+    first, last = _per_file_bounds(alice, now)
+    shown = f"submission {earliest:%H:%M:%S}-{latest:%H:%M:%S}, its files {first:%H:%M:%S}-{last:%H:%M:%S}"
+    assert earliest <= first and latest >= last, shown

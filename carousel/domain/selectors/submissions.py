@@ -5,7 +5,8 @@ and no file is brought into Python to be counted."""
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models import Count, F, Max, Min, Q, Sum, Window
+from django.db.models.functions import FirstValue
 
 from carousel.domain.paths import delivery_target
 from carousel.infra import db
@@ -42,7 +43,7 @@ class ActiveGroup:
     tape: str | None  # its label; None: not located yet
     chain: str
     files: int
-    first_id: int | None
+    first_id: int | None  # the group's file read first (its chain's order, then its mount's), and last
     last_id: int | None
     retry_at: datetime | None
 
@@ -65,6 +66,25 @@ def _membership(bulk_ids):
     OR would scan the table)."""
     return ((RestoreRequest.objects.filter(bulk_id__in=bulk_ids), "bulk_id"),
             (RestoreRequest.objects.filter(bulk_items__bulk_id__in=bulk_ids), "bulk_items__bulk_id"))
+
+
+# The order a group's files are read in: their jobs' order on the chain, their rank in the job,
+# and, not in a job yet, their place on the tape.
+_READ_ORDER = ("job__created_at", "job__rank", "job_rank", "position", "id")
+
+
+def _ends(qs, group):
+    """{group's values: (id of its file read first, of its file read last)} of the active requests
+    of `qs` grouped by `group` (fields): one query, in the database. The estimates of these two
+    files bound the group's (by id, the first and last were any of its files)."""
+    part = [F(name) for name in group]
+    first = [F(name).asc(nulls_last=True) for name in _READ_ORDER]
+    last = [F(name).desc(nulls_first=True) for name in _READ_ORDER]
+    rows = (qs.filter(state__in=ACTIVE_STATES).order_by()
+            .annotate(first_read=Window(FirstValue("id"), partition_by=part, order_by=first),
+                      last_read=Window(FirstValue("id"), partition_by=part, order_by=last))
+            .values_list(*group, "first_read", "last_read").distinct())
+    return {tuple(row[:-2]): tuple(row[-2:]) for row in rows}
 
 
 def submission_figures(bulks):
@@ -94,10 +114,12 @@ def _figures(bulks, out):
                 fig.bytes_restored += nbytes or 0
                 fig.first_done_at = _earlier(fig.first_done_at, first)
                 fig.last_done_at = _later(fig.last_done_at, last)
-        rows = (qs.filter(state__in=ACTIVE_STATES).order_by()
-                .values_list(by, "state", "job__state", "job__chain", "tape__label")
-                .annotate(n=Count("id"), b=Sum("size"), lo=Min("id"), hi=Max("id"), retry=Min("retry_at")))
-        for bulk_id, state, job_state, chain, tape, n, nbytes, lo, hi, retry in rows:
+        group = (by, "state", "job__state", "job__chain", "tape__label")
+        rows = (qs.filter(state__in=ACTIVE_STATES).order_by().values_list(*group)
+                .annotate(n=Count("id"), b=Sum("size"), retry=Min("retry_at")))
+        ends = _ends(qs, group)
+        for bulk_id, state, job_state, chain, tape, n, nbytes, retry in rows:
+            lo, hi = ends.get((bulk_id, state, job_state, chain, tape), (None, None))
             fig = out[bulk_id]
             step = step_of(state, job_state)
             fig.counts[step] += n
