@@ -6,11 +6,15 @@ from datetime import timedelta
 
 import pytest
 
+from carousel.domain import selectors
 from carousel.loop import wear
+from carousel.loop.locating import locate_requests
 from carousel.loop.cycle import run_cycle
 from carousel.models import Control, GroupShare, Job, JobState, RestoreRequest
 from carousel.domain.services import restore_submit
+from carousel.outlook import estimates
 from carousel.tape import GB
+from tests.test_estimates import drives
 from tests.test_plan import all_done, library_stager, run_until
 
 RULES = wear.WearRules(min_mount_files=10_000, min_mount_bytes=500 * GB, mount_max_wait_s=900, remount_delay_s=7200)
@@ -179,3 +183,23 @@ def test_a_held_small_run_takes_the_drive_a_capped_groups_mount_cannot(shipped, 
     # B2 may not take drive LTO-8/1 (analysis holds its one drive): it waits behind B1 on LTO-8/0.
     # LTO-8/1 has nothing to do and charlie's 2 GB run could use it at once.
     assert idle_cycles == 0, f"LTO-8/1 idle for {idle_cycles} cycles while charlie's run was held (s={s})"
+
+
+# (A reviewer's finding: the estimate gave a held small run its turn at once, 0-7 min, and it came
+# back after 14: the estimates now take the holds, as the issue asks.)
+def test_a_small_run_held_by_min_mount_is_back_within_its_range(shipped, alice, bob):
+    now = shipped
+    tapes = big_and_small()
+    stager, clock = library_stager(1, tapes)
+    restore_submit(user=alice, paths=[p for p, _, _ in tapes["B"]], now=now)
+    restore_submit(user=bob, paths=["/d/S/one"], now=now)
+    locate_requests(now=now, stager=stager, limit=10_000)
+    drives(n=1, speedup=1, media="LTO-8")  # the library's status, as the loop records it
+    rows, _ = selectors.request_page(user=bob, size=10)
+    outlook = estimates.request_outlooks(rows, user=bob, ctx=estimates.queue_context(user=bob, now=now))[rows[0].id]
+    low, high = outlook.eta
+    mine = RestoreRequest.objects.filter(user=bob, state="done")
+    assert run_until(stager, clock, now, mine.exists, limit=20_000)
+    back = (mine.get().finished_at - now).total_seconds()
+    assert low <= back <= high, (low, high, back, outlook.reasons)
+    assert any("min_mount" in reason for reason in outlook.reasons), outlook.reasons

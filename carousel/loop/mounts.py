@@ -256,11 +256,11 @@ class MountPlanner:
             elif rules.big_enough(files, nbytes):
                 big.add(m.group)
         if wear.MIN_MOUNT in rule_of.values():
-            big |= self._big_on_chains(rules)
+            big |= self.big_on_chains(rules)
         group_of = {m.tape: m.group for m in mine}
         return {t: r for t, r in rule_of.items() if r != wear.MIN_MOUNT or group_of[t] in big}
 
-    def _big_on_chains(self, rules):
+    def big_on_chains(self, rules):
         """The technologies (chain groups) whose drives' chains hold a long mount big enough for
         min_mount (its requests in flight, by tape), planned or on a drive. Bounded by N x K."""
         sizes = {}

@@ -20,12 +20,15 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import Group
 from django.db import connection
-from django.db.models import Count, F, Min, Q, Sum
+from django.db.models import Count, F, Max, Min, Q, Sum
 
 from carousel.domain.paths import delivery_target
 from carousel.domain.selectors.summary import jobs_limit
+from carousel.domain.selectors.drives import last_unmounts
+from carousel.loop import wear
 from carousel.loop.health import projected_disk_use
 from carousel.loop.mounts import MountPlanner, chain_ends, last_of_backlog, open_chain_jobs
+from carousel.loop.wear import WearRules
 from carousel.models import (
     IN_FLIGHT_STATES, READY, Control, HealthState, Job, JobState, RequestState, RestoreRequest, StagerHealth,
     TapeBacklog, Transition,
@@ -191,6 +194,9 @@ class Mount:
     # a queued tape's mount: how much later (library seconds) it may start, its drive's planned
     # and sent mounts grown by the files still arriving for them (Projection.grown)
     later: float = 0.0
+    # a queued tape's mount held back by a wear rule (carousel/loop/wear.py) while other work
+    # can use the drives: the rule's name; its start is then no earlier than the hold's end
+    held: str = ""
 
 
 @dataclass(frozen=True)
@@ -272,6 +278,7 @@ def project(*, now, control=None, health=None):
     limits = {g: GroupLimit(weight=w, room=cap) for g, (w, cap) in groups.items()}
     weights = share_policy(control.share_policy).drive_weights(demands, limits) if demands else {}
     held = held_drive_time(list(queues))  # as the turn policy counts it
+    holds = _wear_holds(now, control, planner, tape_files, tape_bytes, media_of, speedup)
     seconds = {t: spread_mount_s(_media(media_of[t]), tape_files[t], tape_bytes[t],
                                  read_rate_mb_s=planner.read_rate_mb_s, exchange_s=planner.exchange_s,
                                  by_position=not planner.shown)
@@ -299,9 +306,14 @@ def project(*, now, control=None, health=None):
             else:
                 start, name = heapq.heappop(drives)
                 heapq.heappush(drives, (start + seconds[tape], name))
+            rule, until = holds.get(tape, ("", 0.0))
+            # Held, it starts no earlier than the hold's end; the drive meanwhile reads other work
+            # (the rule holds a run only while there is some), so it is not kept for it.
+            rule = rule if until > start else ""
+            start = max(start, until)
             lead, tail = mount_lead_tail_s(_media(media), exchange_s=planner.exchange_s)
             mounted[tape] = Mount(label[tape], start, start + seconds[tape], media, lead=lead, tail=tail,
-                                  later=later.get(name, 0.0))
+                                  later=later.get(name, 0.0), held=rule)
             held[user] = held.get(user, 0.0) + seconds[tape]
             end_s = max(end_s, start + seconds[tape])
         runs[(user, tape)] = mounted[tape]
@@ -313,6 +325,43 @@ def project(*, now, control=None, health=None):
     return Projection(now=now, speedup=speedup, exchange_s=planner.exchange_s, jobs=jobs, chains=chains, runs=runs,
                       tape_files=tape_files, turns=turns, end_s=end_s, capped=capped, movable=movable,
                       grown=grown)
+
+
+def _wear_holds(now, control, planner, tape_files, tape_bytes, media_of, speedup):
+    """{tape id: (rule, library seconds from now)} for the queued tapes whose mount a wear rule
+    holds back (carousel/loop/wear.py, as the mount planner applies it): min_mount while a run
+    big enough for it waits for the drives of its technology (queued, or on their chains),
+    remount_delay while other work does; until the moment wear.mountable_at gives, on the
+    library's clock. One grouped query over the queued requests of the tapes a rule may hold
+    (small ones, or unmounted lately)."""
+    rules = WearRules.of(control)
+    small = set()
+    if rules.min_mount_files > 0 or rules.min_mount_bytes > 0:
+        small = {t for t in tape_files if not rules.big_enough(tape_files[t], tape_bytes[t])}
+        if small:
+            big = {media_of[t] for t in tape_files if t not in small} | planner.big_on_chains(rules)
+            small = {t for t in small if media_of[t] in big}
+    unmounted = {}
+    if rules.remount_delay_s > 0 and len(tape_files) > 1:  # only while other work waits
+        unmounted = last_unmounts(list(tape_files), since=now - timedelta(seconds=rules.remount_delay_s))
+    tapes = small | set(unmounted)
+    if not tapes or rules.mount_max_wait_s <= 0:
+        return {}
+    holds = {}
+    for tape, oldest, top in (RestoreRequest.objects.filter(tape_id__in=list(tapes), state=RequestState.QUEUED)
+                              .order_by().values("tape_id").annotate(oldest=Min("created_at"), top=Max("priority"))
+                              .values_list("tape_id", "oldest", "top")):
+        files, nbytes = (tape_files[tape], tape_bytes[tape]) if tape in small else (0, 0)
+        if tape not in small:  # only the remount delay can hold it: as if big enough for min_mount
+            files, nbytes = max(rules.min_mount_files, 1), rules.min_mount_bytes
+        at = wear.mountable_at(now=now, files=files, nbytes=nbytes, oldest_at=oldest, priority=top,
+                               last_unmount_at=unmounted.get(tape), rules=rules)
+        if at > now:
+            rule = wear.hold(files=files, nbytes=nbytes, oldest_age_s=(now - oldest).total_seconds(),
+                             priority=top, unmounted_s_ago=None if tape not in unmounted else
+                             (now - unmounted[tape]).total_seconds(), rules=rules)
+            holds[tape] = (rule, (at - now).total_seconds() * speedup)
+    return holds
 
 
 def _growth(now, rows, requests, jobs, speedup):
@@ -883,6 +932,8 @@ def request_outlooks(requests, *, user, ctx):
                 if mount.later:
                     eta = (eta[0], _range(proj, t + mount.later, "queued", cycle_s)[1])
                     reasons.append(ARRIVING)
+                if mount.held:
+                    reasons.append(WEAR_HELD[mount.held].format(until=_clock(proj, mount.start)))
             else:
                 eta = (_range(proj, proj.end_s, "queued", cycle_s)[0], None)
             if held:
@@ -935,6 +986,13 @@ def request_outlooks(requests, *, user, ctx):
     return out
 
 
+WEAR_HELD = {
+    wear.MIN_MOUNT: "its tape's run is smaller than a mount is worth (min_mount) while a larger run can use the "
+                    "drives: its mount waits until about {until}, when its oldest request has waited "
+                    "mount_max_wait_s, or until a drive has nothing else to do",
+    wear.REMOUNT_DELAY: "its tape was mounted lately (remount_delay): its mount waits until about {until}, or "
+                        "until a drive has nothing else to do",
+}
 ARRIVING = ("requests are still arriving for its tape or the ones read before it: the latest time allows for "
             "those mounts to take more files while they do")
 # A grown mount shows when it moves a latest time by this much (wall seconds: the pages show minutes).
