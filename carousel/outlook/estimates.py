@@ -13,7 +13,7 @@ Which function gives what:
 import heapq
 import math
 import random
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from datetime import datetime, timedelta
@@ -278,7 +278,21 @@ def project(*, now, control=None, health=None):
     limits = {g: GroupLimit(weight=w, room=cap) for g, (w, cap) in groups.items()}
     weights = share_policy(control.share_policy).drive_weights(demands, limits) if demands else {}
     held = held_drive_time(list(queues))  # as the turn policy counts it
-    holds = _wear_holds(now, control, planner, tape_files, tape_bytes, media_of, speedup)
+    # The drives' groups as the mount planner names them: a technology with drives of its own,
+    # else the drives of any ("" when the stager shows none); None: no drive, or no model for
+    # the technology (such a tape is sent at once, never held).
+    group_of = {t: (media_of[t] if media_of[t] in free else "" if "" in free else None) if media_of[t] in MEDIA
+                else None for t in tape_files}
+    holds = _wear_holds(now, control, planner, tape_files, tape_bytes, group_of, speedup)
+    if holds:
+        # As the planner does (mounts.lay_out): the drives idle now that the other tapes leave
+        # take the held ones, in turn, at once; only the rest are held.
+        idle = Counter(group for group, heap in free.items() for at, _ in heap if at <= 0)
+        idle.subtract(Counter(group_of[t] for t in tape_files if t not in holds and group_of[t] is not None))
+        for tape in [t for t in tape_files if t in holds]:  # most files first, as the turns mostly go
+            if idle[group_of[tape]] > 0:
+                idle[group_of[tape]] -= 1
+                del holds[tape]
     seconds = {t: spread_mount_s(_media(media_of[t]), tape_files[t], tape_bytes[t],
                                  read_rate_mb_s=planner.read_rate_mb_s, exchange_s=planner.exchange_s,
                                  by_position=not planner.shown)
@@ -327,23 +341,24 @@ def project(*, now, control=None, health=None):
                       grown=grown)
 
 
-def _wear_holds(now, control, planner, tape_files, tape_bytes, media_of, speedup):
+def _wear_holds(now, control, planner, tape_files, tape_bytes, group_of, speedup):
     """{tape id: (rule, library seconds from now)} for the queued tapes whose mount a wear rule
     holds back (carousel/loop/wear.py, as the mount planner applies it): min_mount while a run
     big enough for it waits for the drives of its technology (queued, or on their chains),
     remount_delay while other work does; until the moment wear.mountable_at gives, on the
     library's clock. One grouped query over the queued requests of the tapes a rule may hold
-    (small ones, or unmounted lately)."""
+    (small ones, or unmounted lately). `group_of`: tape id -> its drives' group (None: never held)."""
     rules = WearRules.of(control)
+    mountable = [t for t in tape_files if group_of[t] is not None]
     small = set()
     if rules.min_mount_files > 0 or rules.min_mount_bytes > 0:
-        small = {t for t in tape_files if not rules.big_enough(tape_files[t], tape_bytes[t])}
+        small = {t for t in mountable if not rules.big_enough(tape_files[t], tape_bytes[t])}
         if small:
-            big = {media_of[t] for t in tape_files if t not in small} | planner.big_on_chains(rules)
-            small = {t for t in small if media_of[t] in big}
+            big = {group_of[t] for t in mountable if t not in small} | planner.big_on_chains(rules)
+            small = {t for t in small if group_of[t] in big}
     unmounted = {}
     if rules.remount_delay_s > 0 and len(tape_files) > 1:  # only while other work waits
-        unmounted = last_unmounts(list(tape_files), since=now - timedelta(seconds=rules.remount_delay_s))
+        unmounted = last_unmounts(mountable, since=now - timedelta(seconds=rules.remount_delay_s))
     tapes = small | set(unmounted)
     if not tapes or rules.mount_max_wait_s <= 0:
         return {}
