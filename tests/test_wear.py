@@ -204,3 +204,31 @@ def test_a_small_run_is_back_within_its_range_held_or_not(shipped, alice, bob, n
     back = (mine.get().finished_at - now).total_seconds()
     assert low <= back <= high, (low, high, back, outlook.reasons)
     assert any("min_mount" in reason for reason in outlook.reasons) == (n_drives == 1), outlook.reasons
+
+
+# (A reviewer's finding: the same with the drives the other way round. A capped group's next mount
+# laid on the idle drive, to start when its current one ends, counted it as taken.)
+def test_the_held_small_run_takes_the_idle_drive_whichever_drive_it_is(shipped, alice, charlie):
+    now = shipped
+    GroupShare.objects.filter(group__name="analysis").update(max_drives=1)
+    c0 = [("/d/C0/one", 0, 500 * GB)]  # charlie's: worth a mount, short-ish
+    big1 = [(f"/d/B1/f{i}", i * 50 * GB, 40 * GB) for i in range(60)]  # long
+    big2 = [(f"/d/B2/f{i}", i * 50 * GB, 20 * GB) for i in range(30)]
+    stager, clock = library_stager(2, {"C0": c0, "B1": big1, "B2": big2, "S": [("/d/S/one", 300 * GB, 2 * GB)]})
+    restore_submit(user=charlie, paths=["/d/C0/one"], now=now)
+    restore_submit(user=alice, paths=[p for p, _, _ in big1], now=now)
+    run_cycle(now=now, stager=stager)
+    c0done = RestoreRequest.objects.filter(user=charlie, state="done")
+    assert run_until(stager, clock, now, c0done.exists, limit=20_000)
+    t = clock[0] + 10
+    restore_submit(user=alice, paths=[p for p, _, _ in big2], now=now + timedelta(seconds=t))
+    restore_submit(user=charlie, paths=["/d/S/one"], now=now + timedelta(seconds=t))
+    idle_cycles = 0
+    for s in range(int(t), int(t) + 900, 10):
+        clock[0] = float(s)
+        run_cycle(now=now + timedelta(seconds=s), stager=stager)
+        if Job.objects.filter(tape__label="S").exists():
+            break
+        sent_on = set(Job.objects.filter(state=JobState.SENT).values_list("chain", flat=True))
+        idle_cycles += len(sent_on) < 2
+    assert idle_cycles == 0, f"a drive idle for {idle_cycles} cycles while charlie's run was held (s={s})"

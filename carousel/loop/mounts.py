@@ -178,32 +178,41 @@ class MountPlanner:
                 mounts.append(_NewMount(tape_id, files, pre, suf, group, short, replanned=tape_id in replanned))
                 steps.append(mounts[-1])
         # The wear rules choose between candidates (wear.py): the runs they would hold are laid
-        # out last, on the drives the rest of this cycle's work leaves with nothing to do. Which
-        # drives those are is known once the rest is laid out (a group at its drive allocation
-        # queues its mount behind its current one, a mount taken back goes where the plan puts
-        # it), so it is laid out without them first, then again with those the idle drives take.
+        # out last, on the drives the rest of this cycle's work leaves with nothing to do now.
+        # Which drives those are is known once the rest is laid out (a group at its drive
+        # allocation queues its mount behind its current one, on whichever drive the plan
+        # chooses; a mount taken back goes where the plan puts it), so it is laid out without
+        # them first, then again with those the idle drives take; a released run the plan does
+        # not start now on one of them (its group may not use it) is held after all.
         held = self._wear_holds(mounts, tapes, control=control, now=now, priorities=priorities or {})
         idle = {name for name, c in chains.items() if c.tail is None and c.front is None}
-        pieces = self._place(steps, held, ordered, chains, control=control, groups=groups, split=split)
+        pieces, started = self._place(steps, held, ordered, chains, idle, control=control, groups=groups, split=split)
         if held:
-            free = Counter(name.rsplit("/", 1)[0] for name in idle - {p.chain for p in pieces})
+            free = Counter(name.rsplit("/", 1)[0] for name in idle - set(started.values()))
             released = set()
             for m in mounts:  # in turn order
                 if m.tape in held and free[m.group] > 0:
                     free[m.group] -= 1
                     released.add(m.tape)
             if released:
-                held = {tape: rule for tape, rule in held.items() if tape not in released}
-                pieces = self._place(steps, held, ordered, self._chains(), control=control, groups=groups,
-                                     split=split)
+                rules = held
+                held = {tape: rule for tape, rule in rules.items() if tape not in released}
+                pieces, started = self._place(steps, held, ordered, self._chains(), idle, control=control,
+                                              groups=groups, split=split)
+                late = released - set(started)
+                if late:  # not started now on an idle drive: held after all
+                    held.update({tape: rules[tape] for tape in late})
+                    pieces, _ = self._place(steps, held, ordered, self._chains(), idle, control=control,
+                                            groups=groups, split=split)
         self.held = held
         return pieces
 
-    def _place(self, steps, held, ordered, chains, *, control, groups, split):
-        """The cycle's pieces from `steps`, without the new mounts of `held`'s tapes: short
+    def _place(self, steps, held, ordered, chains, idle, *, control, groups, split):
+        """(the cycle's pieces from `steps`, without the new mounts of `held`'s tapes: short
         mounts in front of the drives' chains (which this updates), long ones laid out by the
-        plan after what each chain holds."""
-        pieces, work = [], {}
+        plan after what each chain holds; {tape id: chain} of its new mounts that start now on
+        a chain of `idle`)."""
+        pieces, work, started = [], {}, {}
         for step in steps:
             if isinstance(step, Planned):
                 pieces.append(step)
@@ -211,6 +220,8 @@ class MountPlanner:
                 continue  # held back by a wear rule: its requests stay queued for a later cycle
             elif step.short:
                 pieces.append(self._short(step.tape, step.files, step.pre[-1], chains, step.group, control))
+                if pieces[-1].chain in idle and pieces[-1].after is None:
+                    started[step.tape] = pieces[-1].chain
             else:
                 work.setdefault(step.group, []).append(plan.TapeWork(
                     step.tape, tuple(range(len(step.files))), tuple(step.pre), tuple(step.suf), groups.get(step.tape)))
@@ -226,7 +237,9 @@ class MountPlanner:
                     files = [ordered[p.tape][i] for i in p.keys]
                     after = Planned(p.tape, files, chain=name, after=after, estimate_s=p.seconds)
                     pieces.append(after)
-        return pieces
+                    if name in idle and p.start_s <= 0:
+                        started[p.tape] = name
+        return pieces, started
 
     def _wear_holds(self, mounts, tapes, *, control, now, priorities):
         """{tape id: rule} of this cycle's new mounts the wear rules would hold back (wear.py).
