@@ -172,17 +172,24 @@ def test_a_held_small_run_takes_the_drive_a_capped_groups_mount_cannot(shipped, 
     clock[0] = 10.0
     restore_submit(user=alice, paths=[p for p, _, _ in big2], now=now + timedelta(seconds=10))
     restore_submit(user=charlie, paths=["/d/S/one"], now=now + timedelta(seconds=10))
+    idle_cycles, s = _idle_cycles_until_s_is_planned(stager, clock, now, 10)
+    # B2 may not take drive LTO-8/1 (analysis holds its one drive): it waits behind B1 on LTO-8/0.
+    # LTO-8/1 has nothing to do and charlie's 2 GB run could use it at once.
+    assert idle_cycles == 0, f"LTO-8/1 idle for {idle_cycles} cycles while charlie's run was held (s={s})"
+
+
+def _idle_cycles_until_s_is_planned(stager, clock, now, start):
+    """Cycles every 10 s (as the replays run them) from `start` until tape S has a job, at most
+    900 s: (the cycles after which a drive of the two had nothing sent, the last cycle's second)."""
     idle_cycles = 0
-    for s in range(10, 900, 10):  # a cycle every 10 s, as the replays run it
+    for s in range(start, start + 900, 10):
         clock[0] = float(s)
         run_cycle(now=now + timedelta(seconds=s), stager=stager)
         if Job.objects.filter(tape__label="S").exists():
             break
         sent_on = set(Job.objects.filter(state=JobState.SENT).values_list("chain", flat=True))
         idle_cycles += len(sent_on) < 2
-    # B2 may not take drive LTO-8/1 (analysis holds its one drive): it waits behind B1 on LTO-8/0.
-    # LTO-8/1 has nothing to do and charlie's 2 GB run could use it at once.
-    assert idle_cycles == 0, f"LTO-8/1 idle for {idle_cycles} cycles while charlie's run was held (s={s})"
+    return idle_cycles, s
 
 
 # (Reviewers' findings: the estimate gave a held small run its turn at once, 0-7 min, and it came
@@ -223,12 +230,5 @@ def test_the_held_small_run_takes_the_idle_drive_whichever_drive_it_is(shipped, 
     t = clock[0] + 10
     restore_submit(user=alice, paths=[p for p, _, _ in big2], now=now + timedelta(seconds=t))
     restore_submit(user=charlie, paths=["/d/S/one"], now=now + timedelta(seconds=t))
-    idle_cycles = 0
-    for s in range(int(t), int(t) + 900, 10):
-        clock[0] = float(s)
-        run_cycle(now=now + timedelta(seconds=s), stager=stager)
-        if Job.objects.filter(tape__label="S").exists():
-            break
-        sent_on = set(Job.objects.filter(state=JobState.SENT).values_list("chain", flat=True))
-        idle_cycles += len(sent_on) < 2
+    idle_cycles, s = _idle_cycles_until_s_is_planned(stager, clock, now, int(t))
     assert idle_cycles == 0, f"a drive idle for {idle_cycles} cycles while charlie's run was held (s={s})"
