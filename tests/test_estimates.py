@@ -267,10 +267,51 @@ def test_requests_that_join_files_already_in_the_mount_do_not_grow_it(alice, bob
     assert RestoreRequest.objects.filter(user=bob, job=first).count() == 10  # they joined
     got = outlooks(alice, now)["/t2/a"]
     assert got.eta == before and estimates.ARRIVING not in got.reasons, (before, got)
-    # A new file of T1's, 10 s ago, in the same job: the files arrived over 690 s and go on.
+    # A new file of T1's, 10 s ago, in the same job: the requests arrived over 690 s and go
+    # on, and one of 21 asked for a file nobody else did: T1's mount grows (ARRIVING), but ten
+    # files asked twice against one asked once say few are left to ask for (Chao1: 1/20 of a
+    # file), not as many again.
     restore_submit(user=bob, now=now - timedelta(seconds=10), paths=["/t1/new"])
     RestoreRequest.objects.filter(path="/t1/new").update(state="submitted", job=first, submitted_at=now, tape=first.tape)
-    assert outlooks(alice, now)["/t2/a"].eta[1] > before[1] + 0.9 * 3000
+    got = outlooks(alice, now)["/t2/a"]
+    assert before[1] < got.eta[1] < before[1] + 0.3 * 3000, (before, got)
+
+
+def test_a_campaign_asking_for_the_same_files_is_seen_running_out_of_new_ones(alice, bob, now):
+    """alice asks for T1's ten files one a minute (the last 10 s ago), and bob for the first
+    five of them as she does: of fifteen requests, five files were asked for once and five
+    twice, so about 2.5 are left to ask for (Chao1) and the next fifteen requests would find
+    about 2.2 of them (Shen, Chao and Lin). T2, planned after T1's mount, allows for that
+    (about a fifth of T1's files more), not for as many files again as arrived."""
+    drives(n=1, speedup=1)
+    paths = {f"/t1/{i}": ("T1", 10**9) for i in range(10)}
+    for i, path in enumerate(paths):
+        located(alice, {path: paths[path]}, now - timedelta(seconds=550 - 60 * i))
+    located(alice, {"/t2/a": ("T2", 10**9)}, now)
+    first = ten_files_sent_then_one(now)
+    for i in range(5):
+        restore_submit(user=bob, now=now - timedelta(seconds=550 - 60 * i), paths=[f"/t1/{i}"])
+    assert RestoreRequest.objects.filter(user=bob, job=first).count() == 5  # they joined
+    got = outlooks(alice, now)["/t2/a"]
+    body = 3600 - sum(estimates.mount_lead_tail_s("LTO-7"))
+    expected = estimates._new_files(15, 5, 5, 15 * 530 / 540) / 10
+    assert 0.2 < expected < 0.25
+    margin = 150 + Control.get().cycle_s
+    assert 1.15 * (3600 + 0.9 * expected * body + 1800) < got.eta[1] < 1.15 * (3600 + 1.1 * expected * body + 1800) \
+        + margin, got
+    assert estimates.ARRIVING in got.reasons
+
+
+def test_new_files_start_at_the_good_turing_chance_and_never_pass_chao1():
+    """_new_files: a few more requests bring once / asks new files each; however many come,
+    no more than once^2 / (2 twice) in all; more requests never bring fewer."""
+    asks, once, twice = 30, 10, 10
+    assert estimates._new_files(asks, once, twice, 1) == pytest.approx(once / asks)
+    assert estimates._new_files(asks, once, twice, 10**6) == pytest.approx(once * once / (2 * twice))
+    got = [estimates._new_files(asks, once, twice, m) for m in range(0, 200)]
+    assert got[0] == 0 and all(a <= b for a, b in zip(got, got[1:]))
+    # Every file asked for once but one asked twice: the most there can be, and no error.
+    assert estimates._new_files(3, 1, 1, 50) == pytest.approx(0.5)
 
 
 def test_a_sent_job_whose_tape_is_in_no_drive_waits_for_a_drive(alice, now):

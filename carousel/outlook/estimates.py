@@ -69,7 +69,8 @@ S = RequestState
 # queue runs dry, and may then start when the first drive frees (_movable). A planned file's
 # range reaches later while requests still arrive for its tape (its job takes them) or the
 # ones before it on its drive (their mounts take them), a sent file's for the ones before it
-# (its own files were sent as they were): the latest end allows for as many again (_growth);
+# (its own files were sent as they were): the latest end allows for the new files the
+# arrivals are expected to bring, at most as many again (_growth, _new_files);
 # a queued file's too, by as much as its drive's planned and sent mounts may grow. Times are
 # divided by the library's speed-up (a simulated library running N times faster than life:
 # its status() gives `speedup`) and widened by margins measured on the replays
@@ -385,30 +386,55 @@ def _growth(now, rows, requests, jobs, speedup):
     for its tape (claiming: they join the tape's job), a sent one reads them after its own
     (a job of their own), and every mount after it on its drive waits for them (overlap:
     about 900 of 3,000 requests known 10 s into a 30 s burst, the mounts twice as long as
-    planned by the end). What is still to come is not known; the latest end assumes the
-    arrivals go on at their rate (the files not read yet of the tape's open jobs, over the time
-    from the first's arrival to the last's) for as long again as they have gone on (of a
-    process seen only this far, what is left is as likely to be longer as shorter: the
-    Copernican, or Lindy, argument), less the silence since the last one, and no longer than
-    until the mount ends: at most as many again. One submission (its files arrive at one
-    moment), or arrivals that stopped for longer than they went on, add nothing. `rows` and
-    `requests`: _open_jobs()."""
-    seen = {}  # tape id -> [first arrival, last arrival, when its last job ends]
+    planned by the end). What is still to come is not known; the latest end assumes
+      - the requests for the tape go on at their rate (its open jobs' requests, over the time
+        from the first to the last) for as long again as they have gone on (of a process seen
+        only this far, what is left is as likely to be longer as shorter: the Copernican, or
+        Lindy, argument), less the silence since the last one, and no longer than until the
+        mount ends;
+      - a request for a file already asked for joins it and adds nothing to read; the new
+        files those requests bring are estimated from how often the requests so far asked
+        again (_new_files); while no file was asked twice, each is new with the chance that
+        the requests so far were (with no file asked again: every one, the files' own rate,
+        at most as many again). A campaign whose analysts ask for the same files (overlap:
+        each file twice) is seen running out of new ones as its files are asked again.
+    One submission (its requests arrive at one moment), or arrivals that stopped for longer
+    than they went on, add nothing. `rows` and `requests`: _open_jobs()."""
+    # tape id -> [first request, last request, when its last job ends, files, requests, files asked once, twice]
+    seen = {}
     for row in rows:
         job, tape = row[0], row[7]
         if tape is None or job not in requests or job not in jobs:
             continue
-        _, first, last = requests[job]
-        mine = seen.setdefault(tape, [first, last, 0.0])
+        files, first, last, asks, once, twice = requests[job]
+        mine = seen.setdefault(tape, [first, last, 0.0, 0, 0, 0, 0])
         mine[0], mine[1], mine[2] = min(mine[0], first), max(mine[1], last), max(mine[2], jobs[job].end)
+        mine[3], mine[4], mine[5], mine[6] = mine[3] + files, mine[4] + asks, mine[5] + once, mine[6] + twice
     growth = {}
-    for tape, (first, last, end) in seen.items():
+    for tape, (first, last, end, files, asks, once, twice) in seen.items():
         went_on = (last - first).total_seconds()
         silence = (now - last).total_seconds()
         still = min(went_on - silence, end / speedup)
-        if went_on > 0 and still > 0:
-            growth[tape] = still / went_on
+        if went_on > 0 and still > 0 and once > 0:
+            if twice == 0:  # no sign yet of the files running out: the Good-Turing chance alone
+                growth[tape] = still / went_on * (once / files)
+            else:
+                growth[tape] = _new_files(asks, once, twice, asks * still / went_on) / files
     return growth
+
+
+def _new_files(asks, once, twice, more):
+    """How many files not asked for yet `more` further requests are expected to bring, given
+    `asks` requests so far, `once` files asked for once and `twice` asked for exactly twice
+    (twice > 0): the estimator of new species in further sampling of Shen, Chao and Lin
+    (2003, Ecology 84:798). The files not asked for yet number about once^2 / (2 twice)
+    (Chao1, from how many were seen once against twice); the next request is for one of them
+    with the chance once / asks (Good-Turing: the requests for what was seen once stand for
+    what was not seen), a chance that shrinks as they are found. So a few more requests bring
+    about once / asks new files each, and however many come, no more than Chao1 in all.
+    No constant is fitted: both are the standard estimators of what a sample has not seen."""
+    unseen = once * once / (2.0 * twice)
+    return unseen * (1.0 - max(0.0, 1.0 - once / (asks * unseen)) ** more)
 
 
 def _movable(jobs, drive_free, drive_of):
@@ -516,25 +542,30 @@ class _Open:
 
 def _open_jobs():
     """The open jobs (pending and sent: bounded by the window, N x K) as _project_jobs reads
-    them, and {job id: [its files not done, the first and the last arrival of one]}. A file's
-    arrival is its first request's: another user's request for a file the job already reads
-    joins it (intake.queue_new) and adds nothing to read. One query each, the second one row
-    per file of the window."""
+    them, and {job id: [its files not done, the first and the last request for one, the
+    requests for them, the files asked for once]}. Another user's request for a file the job
+    already reads joins it (intake.queue_new) and adds nothing to read. One query each, the
+    second one row per file of the window."""
     rows = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT))
                 .order_by(F("sent_at").asc(nulls_last=True), "created_at", "rank")
                 .values_list("id", "chain", "state", "after_id", "estimate_s", "files", "created_at", "tape_id",
                              "tape__label", "tape__media"))
     requests = {}
     if rows:
-        for job, at in (RestoreRequest.objects.filter(job_id__in=[r[0] for r in rows], state__in=IN_FLIGHT_STATES)
-                        .order_by().values_list("job_id", "path_key").annotate(at=Min("created_at"))
-                        .values_list("job_id", "at")):
+        for job, first, last, asks in (
+                RestoreRequest.objects.filter(job_id__in=[r[0] for r in rows], state__in=IN_FLIGHT_STATES)
+                .order_by().values_list("job_id", "path_key")
+                .annotate(first=Min("created_at"), last=Max("created_at"), asks=Count("id"))
+                .values_list("job_id", "first", "last", "asks")):
             mine = requests.get(job)
             if mine is None:
-                requests[job] = [1, at, at]
+                requests[job] = [1, first, last, asks, int(asks == 1), int(asks == 2)]
             else:
                 mine[0] += 1
-                mine[1], mine[2] = min(mine[1], at), max(mine[2], at)
+                mine[1], mine[2] = min(mine[1], first), max(mine[2], last)
+                mine[3] += asks
+                mine[4] += asks == 1
+                mine[5] += asks == 2
     return rows, requests
 
 
