@@ -267,12 +267,13 @@ def test_requests_that_join_files_already_in_the_mount_do_not_grow_it(alice, bob
     assert RestoreRequest.objects.filter(user=bob, job=first).count() == 10  # they joined
     got = outlooks(alice, now)["/t2/a"]
     assert got.eta == before and estimates.ARRIVING not in got.reasons, (before, got)
-    # A new file of T1's, 10 s ago, in the same job: the requests arrived over 690 s and go
-    # on, and one of 21 asked for a file nobody else did: T1's mount grows (ARRIVING), but ten
-    # files asked twice against one asked once say few are left to ask for (Chao1: 1/20 of a
-    # file), not as many again.
+    # A new file of T1's, 10 s ago, in the same job: the files arrived over 690 s and go on,
+    # but ten files asked for twice against one asked for once say few are left to ask for
+    # (Chao1: 1/20 of a file, too little to show): the range takes the new file's read, not as
+    # many files again (the rule before requests were counted: 6,265 s to 10,563).
     restore_submit(user=bob, now=now - timedelta(seconds=10), paths=["/t1/new"])
-    RestoreRequest.objects.filter(path="/t1/new").update(state="submitted", job=first, submitted_at=now, tape=first.tape)
+    RestoreRequest.objects.filter(path="/t1/new").update(state="submitted", job=first, submitted_at=now,
+                                                         tape=first.tape)
     got = outlooks(alice, now)["/t2/a"]
     assert before[1] < got.eta[1] < before[1] + 0.3 * 3000, (before, got)
 
@@ -310,8 +311,25 @@ def test_new_files_start_at_the_good_turing_chance_and_never_pass_chao1():
     assert estimates._new_files(asks, once, twice, 10**6) == pytest.approx(once * once / (2 * twice))
     got = [estimates._new_files(asks, once, twice, m) for m in range(0, 200)]
     assert got[0] == 0 and all(a <= b for a, b in zip(got, got[1:]))
-    # Every file asked for once but one asked twice: the most there can be, and no error.
+    # One file asked for once, one twice: Chao1's half a file, reached and not passed.
     assert estimates._new_files(3, 1, 1, 50) == pytest.approx(0.5)
+
+
+def test_a_request_joining_a_file_of_one_submission_does_not_make_it_look_still_arriving(alice, bob, now):
+    """alice's ten files of T1 arrived at one moment, 700 s ago; bob asks for one of them 10 s
+    ago and joins it. A file's arrival is its first request's: nothing new has arrived since
+    alice's submission, so T2's range stays as it was (counted by its requests, the window
+    stretched to bob's: 6,265 s to 9,433, "still arriving")."""
+    drives(n=1, speedup=1)
+    paths = {f"/t1/{i}": ("T1", 10**9) for i in range(10)}
+    located(alice, paths, now - timedelta(seconds=700))
+    located(alice, {"/t2/a": ("T2", 10**9)}, now)
+    first = ten_files_sent_then_one(now)
+    before = outlooks(alice, now)["/t2/a"]
+    restore_submit(user=bob, now=now - timedelta(seconds=10), paths=["/t1/0"])
+    assert RestoreRequest.objects.filter(user=bob, job=first).count() == 1  # it joined
+    got = outlooks(alice, now)["/t2/a"]
+    assert got.eta == before.eta and estimates.ARRIVING not in got.reasons, (before, got)
 
 
 def test_a_sent_job_whose_tape_is_in_no_drive_waits_for_a_drive(alice, now):

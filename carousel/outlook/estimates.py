@@ -388,19 +388,21 @@ def _growth(now, rows, requests, jobs, speedup):
     about 900 of 3,000 requests known 10 s into a 30 s burst, the mounts twice as long as
     planned by the end). What is still to come is not known; the latest end assumes
       - the requests for the tape go on at their rate (its open jobs' requests, over the time
-        from the first to the last) for as long again as they have gone on (of a process seen
-        only this far, what is left is as likely to be longer as shorter: the Copernican, or
-        Lindy, argument), less the silence since the last one, and no longer than until the
-        mount ends;
-      - a request for a file already asked for joins it and adds nothing to read; the new
-        files those requests bring are estimated from how often the requests so far asked
-        again (_new_files); while no file was asked twice, each is new with the chance that
-        the requests so far were (with no file asked again: every one, the files' own rate,
-        at most as many again). A campaign whose analysts ask for the same files (overlap:
-        each file twice) is seen running out of new ones as its files are asked again.
-    One submission (its requests arrive at one moment), or arrivals that stopped for longer
-    than they went on, add nothing. `rows` and `requests`: _open_jobs()."""
-    # tape id -> [first request, last request, when its last job ends, files, requests, files asked once, twice]
+        from the first file's arrival to the last's) for as long again as they have gone on
+        (of a process seen only this far, what is left is as likely to be longer as shorter:
+        the Copernican, or Lindy, argument), less the silence since the last file's arrival,
+        and no longer than until the mount ends;
+      - a request for a file already asked for joins it and adds nothing to read; of the
+        requests to come, as many ask for a new file as the requests so far predict by how
+        often they asked for a file again (_new_files); while no file was asked for exactly
+        twice, each with the chance once / asks (with every file asked for once: every one,
+        the files' own rate, at most as many again, the rule before requests were counted).
+        A campaign whose analysts ask for the same files (overlap: each file twice) is seen
+        running out of new ones as its files are asked again.
+    A file's arrival is its first request's: one submission (its files arrive at one moment),
+    however many join it later, or arrivals that stopped for longer than they went on, add
+    nothing. `rows` and `requests`: _open_jobs()."""
+    # tape id -> [first arrival, last arrival, when its last job ends, files, requests, files asked once, twice]
     seen = {}
     for row in rows:
         job, tape = row[0], row[7]
@@ -416,7 +418,7 @@ def _growth(now, rows, requests, jobs, speedup):
         silence = (now - last).total_seconds()
         still = min(went_on - silence, end / speedup)
         if went_on > 0 and still > 0 and once > 0:
-            if twice == 0:  # no sign yet of the files running out: the Good-Turing chance alone
+            if twice == 0:  # no file asked for exactly twice: the Good-Turing chance alone
                 growth[tape] = still / went_on * (once / files)
             else:
                 growth[tape] = _new_files(asks, once, twice, asks * still / went_on) / files
@@ -542,27 +544,26 @@ class _Open:
 
 def _open_jobs():
     """The open jobs (pending and sent: bounded by the window, N x K) as _project_jobs reads
-    them, and {job id: [its files not done, the first and the last request for one, the
-    requests for them, the files asked for once]}. Another user's request for a file the job
-    already reads joins it (intake.queue_new) and adds nothing to read. One query each, the
-    second one row per file of the window."""
+    them, and {job id: [its files not done, the first and the last arrival of one, the
+    requests for them, the files asked for once, the files asked for twice]}. A file's arrival
+    is its first request's: another user's request for a file the job already reads joins it
+    (intake.queue_new) and adds nothing to read, only to the counts of asks. One query each,
+    the second one row per file of the window."""
     rows = list(Job.objects.filter(state__in=(JobState.PENDING, JobState.SENT))
                 .order_by(F("sent_at").asc(nulls_last=True), "created_at", "rank")
                 .values_list("id", "chain", "state", "after_id", "estimate_s", "files", "created_at", "tape_id",
                              "tape__label", "tape__media"))
     requests = {}
     if rows:
-        for job, first, last, asks in (
-                RestoreRequest.objects.filter(job_id__in=[r[0] for r in rows], state__in=IN_FLIGHT_STATES)
-                .order_by().values_list("job_id", "path_key")
-                .annotate(first=Min("created_at"), last=Max("created_at"), asks=Count("id"))
-                .values_list("job_id", "first", "last", "asks")):
+        files = (RestoreRequest.objects.filter(job_id__in=[r[0] for r in rows], state__in=IN_FLIGHT_STATES)
+                 .order_by().values_list("job_id", "path_key").annotate(at=Min("created_at"), asks=Count("id")))
+        for job, at, asks in files.values_list("job_id", "at", "asks"):
             mine = requests.get(job)
             if mine is None:
-                requests[job] = [1, first, last, asks, int(asks == 1), int(asks == 2)]
+                requests[job] = [1, at, at, asks, int(asks == 1), int(asks == 2)]
             else:
                 mine[0] += 1
-                mine[1], mine[2] = min(mine[1], first), max(mine[2], last)
+                mine[1], mine[2] = min(mine[1], at), max(mine[2], at)
                 mine[3] += asks
                 mine[4] += asks == 1
                 mine[5] += asks == 2
