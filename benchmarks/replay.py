@@ -76,7 +76,13 @@ def row(result, label):
         "shares": {g: v.get("share") for g, v in (result.get("groups") or {}).items()},
         "wall_s": result.get("command_wall_s", result.get("wall_s")),
         "error": result.get("error"),
+        # the broker's estimates, scored (issue 26: carousel/sim/replay.py); None for a baseline
+        **{k: result.get(k) for k in ESTIMATE_KEYS},
     }
+
+
+ESTIMATE_KEYS = ("estimate_coverage_planned", "estimate_coverage_located", "estimate_width_ratio",
+                 "estimate_files_scored")
 
 
 def fmt(value, digits=0):
