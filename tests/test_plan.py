@@ -296,6 +296,42 @@ def test_a_short_mount_goes_first_and_cuts_a_long_one_that_keeps_it_waiting(plan
     assert set(reads[reads.index("/d/S/one") + 1:]) == cut
 
 
+def test_a_short_mount_that_later_files_make_long_cuts_nothing(planned, alice, bob, charlie):
+    """Bob's one file of S makes a short mount, waiting behind alice's long mount of L on the
+    only drive; a cycle later charlie's 30 files of S join it (one pass along S), and it is a
+    long mount now: it no longer cuts L when it has waited preempt_after_s. L is read through,
+    then S: two mounts, not L cut, S, and L again (a burst trickling in over a minute made
+    each tape's first mount short, then long, and each cut the one before it: 51 mounts for 30
+    tapes where 36 do)."""
+    now = planned
+    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900, min_mount_files=0)
+    long_tape = [(f"/d/L/f{i}", i * 100 * GB, 20 * GB) for i in range(40)]
+    on_s = [(f"/d/S/f{i}", i * 200 * GB, 20 * GB) for i in range(31)]
+    stager, clock = library_stager(1, {"L": long_tape, "S": on_s})
+    restore_submit(user=alice, paths=[p for p, _, _ in long_tape], now=now)
+    run_cycle(now=now, stager=stager)
+    (long,) = Job.objects.filter(state=JobState.SENT)
+    clock[0] = 300.0
+    restore_submit(user=bob, paths=[on_s[0][0]], now=now + timedelta(seconds=300))
+    run_cycle(now=now + timedelta(seconds=300), stager=stager)
+    short = Job.objects.get(tape__label="S")
+    assert short.jumps_queue and short.after_id == long.id and short.estimate_s <= 900
+    clock[0] = 310.0
+    restore_submit(user=charlie, paths=[p for p, _, _ in on_s[1:]], now=now + timedelta(seconds=310))
+    run_cycle(now=now + timedelta(seconds=310), stager=stager)
+    (grown,) = Job.objects.filter(tape__label="S")
+    assert grown.id == short.id and grown.files == 31 and grown.estimate_s > 900
+    assert not grown.jumps_queue
+    clock[0] = 430.0
+    assert run_cycle(now=now + timedelta(seconds=430), stager=stager).preempted == 0
+    assert run_until(stager, clock, now, all_done, limit=40_000)
+    reads = [path for _, _, path, _ in stager.library.reads]
+    assert len(reads) == len(set(reads)) == 71
+    tapes = [path.split("/")[2] for path in reads]
+    assert [t for i, t in enumerate(tapes) if i == 0 or tapes[i - 1] != t] == ["L", "S"]
+    assert stager.library.mounts == 2
+
+
 def test_a_cut_mount_resumes_right_after_the_short_mount_not_behind_the_backlog(planned, alice, bob):
     """Alice's tape L on the only drive, her tape M (more files) planned after it. Bob's short
     mount cuts L; L's unread files resume right after bob's, before M: back in the queue,
