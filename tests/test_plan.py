@@ -17,6 +17,7 @@ from carousel.domain.services import restore_submit
 from carousel.stagers.base import StagerUnavailable
 from carousel.stagers.simulated import SimulatedStager
 from carousel.tape import GB, mount_profile, tape_work_s
+from tests.conftest import make_user
 
 
 def work(tape, media, files, exchange_s=11.0):
@@ -330,6 +331,50 @@ def test_a_short_mount_that_later_files_make_long_cuts_nothing(planned, alice, b
     tapes = [path.split("/")[2] for path in reads]
     assert [t for i, t in enumerate(tapes) if i == 0 or tapes[i - 1] != t] == ["L", "S"]
     assert stager.library.mounts == 2
+
+
+def test_a_short_mount_of_several_jobs_made_long_is_long_in_every_job(planned, alice, bob, charlie):
+    """Bob's and erin's 60 files of S, close together, make a short mount of two jobs (N = 50) waiting
+    behind alice's L, with her M planned after them; charlie's 20 files of S far along the tape
+    join the second job and make the mount long. Both jobs are long now (judged as one mount):
+    the first alone, still flagged short, cut L, and a short mount of T (a file of dave's)
+    followed it while M followed the second: two tapes waiting on one step of the drive.
+    Now T goes first, then S and M, in one line, and nothing is cut but by T."""
+    now = planned
+    dave, erin = make_user("dave", "production"), make_user("erin", "analysis")
+    Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900, min_mount_files=0)
+    long_tape = [(f"/d/L/f{i}", i * 100 * GB, 20 * GB) for i in range(40)]
+    on_m = [(f"/d/M/f{i}", i * 100 * GB, 20 * GB) for i in range(45)]
+    close = [(f"/d/S/c{i:02d}", 300 * GB + i * GB, GB) for i in range(60)]
+    far = [(f"/d/S/far{i:02d}", 1000 * GB + i * 400 * GB, 20 * GB) for i in range(20)]
+    stager, clock = library_stager(1, {"L": long_tape, "M": on_m, "S": close + far,
+                                       "T": [("/d/T/one", 300 * GB, 2 * GB)]})
+    restore_submit(user=alice, paths=[p for p, _, _ in long_tape], now=now)
+    run_cycle(now=now, stager=stager)
+    clock[0] = 10.0
+    restore_submit(user=alice, paths=[p for p, _, _ in on_m], now=now + timedelta(seconds=10))
+    run_cycle(now=now + timedelta(seconds=10), stager=stager)
+    clock[0] = 300.0
+    # (Two users of fewer than N files each: a user with N in flight gets no short mount.)
+    restore_submit(user=bob, paths=[p for p, _, _ in close[:30]], now=now + timedelta(seconds=300))
+    restore_submit(user=erin, paths=[p for p, _, _ in close[30:]], now=now + timedelta(seconds=300))
+    run_cycle(now=now + timedelta(seconds=300), stager=stager)
+    assert [j.jumps_queue for j in Job.objects.filter(tape__label="S")] == [True, True]
+    clock[0] = 310.0
+    restore_submit(user=charlie, paths=[p for p, _, _ in far], now=now + timedelta(seconds=310))
+    run_cycle(now=now + timedelta(seconds=310), stager=stager)
+    jobs = list(Job.objects.filter(tape__label="S"))
+    assert len(jobs) == 2 and sum(j.files for j in jobs) == 80 and not any(j.jumps_queue for j in jobs)
+    clock[0] = 320.0
+    restore_submit(user=dave, paths=["/d/T/one"], now=now + timedelta(seconds=320))
+    run_cycle(now=now + timedelta(seconds=320), stager=stager)
+    assert chain_lines("LTO-8/0") == ["L", "T", "S", "M"]
+    assert run_until(stager, clock, now, all_done, limit=60_000)
+    reads = [path for _, _, path, _ in stager.library.reads]
+    assert len(reads) == len(set(reads)) == 40 + 45 + 80 + 1
+    tapes = [path.split("/")[2] for path in reads]
+    runs = [t for i, t in enumerate(tapes) if i == 0 or tapes[i - 1] != t]
+    assert runs in (["L", "T", "S", "M"], ["L", "T", "L", "S", "M"]), runs  # T may cut L: it is short
 
 
 def test_a_cut_mount_resumes_right_after_the_short_mount_not_behind_the_backlog(planned, alice, bob):

@@ -100,7 +100,18 @@ def _merge_into_pending(pieces, tapes, files_per_job, drives, short_mount_s):
                                            state__in=IN_FLIGHT_STATES).order_by("job_rank")
                                            .values_list("job_id", "path", "path_key", "position", "size")):
         held.setdefault(job, {}).setdefault(key, (path, key, position or 0, size or 0))
-    placed, counts = {}, []
+    # The other jobs of each short mount joined (one of more than N files is several jobs, all
+    # waiting on the same step; new files join the last): the mount is short or long as a whole.
+    parts = {}
+    jumping = [p for p in joins.values() if p.jumps]
+    if jumping:
+        for tape, chain, seconds in (Job.objects.filter(state=JobState.PENDING, jumps_queue=True,
+                                                        tape_id__in={p.tape for p in jumping},
+                                                        chain__in={p.chain for p in jumping})
+                                     .exclude(id__in=list(joins)).order_by().values_list("tape_id", "chain")
+                                     .annotate(s=Sum("estimate_s")).values_list("tape_id", "chain", "s")):
+            parts[(tape, chain)] = seconds or 0.0
+    placed, counts, grown = {}, [], []
     for job, piece in joins.items():
         files = dict(held.get(job, {}))
         files.update((f[1], f) for f in piece.files if f[1] not in files)
@@ -115,14 +126,21 @@ def _merge_into_pending(pieces, tapes, files_per_job, drives, short_mount_s):
             pre, _ = mount_profile(media, [(files[k][2], files[k][3]) for k in order],
                                    read_rate_mb_s=drives.read_rate_mb_s, exchange_s=drives.exchange_s)
             estimate = pre[-1]
-        # A short mount the new files make long is a long one from now on: it keeps its place
-        # on the chain, but no longer cuts the mount it waits for (preempt) nor holds the
-        # drive's place for short ones (a burst trickling in over a minute made every tape's
-        # first mount short, then long: each cut the one before it, 51 mounts for 30 tapes).
-        counts.append((job, len(files), estimate, piece.jumps and estimate <= short_mount_s))
+        # A short mount the new files make long is a long one from now on, every job of it: it
+        # keeps its place on the chain, but no longer cuts the mount it waits for (preempt) nor
+        # holds the drive's place for short ones (a burst trickling in over a minute made every
+        # tape's first mount short, then long: each cut the one before it, 51 mounts for 30
+        # tapes where 36 do).
+        jumps = piece.jumps and parts.get((piece.tape, piece.chain), 0.0) + estimate <= short_mount_s
+        if piece.jumps and not jumps:
+            grown.append((piece.tape, piece.chain))
+        counts.append((job, len(files), estimate, jumps))
         piece.last_job = job
     update_joined(Job, counts, on=("id",), columns=("files", "estimate_s", "jumps_queue"),
                   where={"state": JobState.PENDING})
+    for tape, chain in grown:
+        Job.objects.filter(state=JobState.PENDING, jumps_queue=True, tape_id=tape, chain=chain).update(
+            jumps_queue=False)
     # The files the job held keep their job and take their new place in it.
     update_joined(RestoreRequest, [(key, rank) for key, (_, rank) in placed.items()], on=("path_key",),
                   columns=("job_rank",), where={"job_id": list(joins), "state": IN_FLIGHT_STATES})
