@@ -19,9 +19,10 @@ def broker(**scores):
 
 
 def test_an_estimate_goal_is_not_met_while_a_workload_has_no_score():
-    """A workload whose broker run failed (no scores), or whose ranges mostly had no end (width
-    None with files scored), fails the goal; it was dropped from the lowest and the highest,
-    and the figure said met (a reviewer's finding)."""
+    """A workload whose ranges mostly had no end (width None with requests scored) makes the
+    highest width unbounded, not met; one whose broker run failed (no scores) leaves the
+    figures without a value ("-"), never met. Both were dropped from the lowest and the
+    highest, and the figures said met (a reviewer's finding)."""
     bench = render_module()
     scored = {"a": broker(estimate_coverage_planned=0.95, estimate_width_ratio=0.40, estimate_files_scored=10),
               "b": broker(estimate_coverage_planned=0.92, estimate_width_ratio=0.48, estimate_files_scored=10)}

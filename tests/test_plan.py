@@ -302,8 +302,8 @@ def test_a_short_mount_that_later_files_make_long_cuts_nothing(planned, alice, b
     only drive; a cycle later charlie's 30 files of S join it (one pass along S), and it is a
     long mount now: it no longer cuts L when it has waited preempt_after_s. L is read through,
     then S: two mounts, not L cut, S, and L again (a burst trickling in over a minute made
-    each tape's first mount short, then long, and each cut the one before it: 51 mounts for 30
-    tapes where 36 do)."""
+    each tape's first mount short, then long, and they cut the mounts before them: 15 cuts, 51
+    mounts for 30 tapes where 36 do)."""
     now = planned
     Control.objects.filter(id=1).update(preempt_after_s=120, preempt_gap_s=300, short_mount_s=900, min_mount_files=0)
     long_tape = [(f"/d/L/f{i}", i * 100 * GB, 20 * GB) for i in range(40)]
@@ -336,7 +336,7 @@ def test_a_short_mount_that_later_files_make_long_cuts_nothing(planned, alice, b
 def test_a_short_mount_of_several_jobs_made_long_is_long_in_every_job(planned, alice, bob, charlie):
     """Bob's and erin's 60 files of S, close together, make a short mount of two jobs (N = 50) waiting
     behind alice's L, with her M planned after them; charlie's 20 files of S far along the tape
-    join the second job and make the mount long. Both jobs are long now (judged as one mount):
+    join the second job and make the mount long. Both jobs lose the flag, not only the one joined:
     the first alone, still flagged short, cut L, and a short mount of T (a file of dave's)
     followed it while M followed the second: two tapes waiting on one step of the drive.
     Now T goes first, then S and M, in one line, and nothing is cut but by T."""
