@@ -91,7 +91,7 @@ def _merge_into_pending(pieces, tapes, files_per_job, drives, short_mount_s):
     otherwise be read in two or three passes of the same mount). Only while the union is at
     most N files; beyond, the new files make a job of their own that is sent with it. Returns
     {path key: (job id, rank)} for every file of the merged jobs, and sets each merged piece's
-    `last_job`; the jobs' counts and estimates are updated here."""
+    `last_job`; the jobs' counts, estimates and short-mount flags are updated here."""
     joins = {p.join: p for p in pieces if p.join is not None}
     if not joins:
         return {}
@@ -126,11 +126,14 @@ def _merge_into_pending(pieces, tapes, files_per_job, drives, short_mount_s):
             pre, _ = mount_profile(media, [(files[k][2], files[k][3]) for k in order],
                                    read_rate_mb_s=drives.read_rate_mb_s, exchange_s=drives.exchange_s)
             estimate = pre[-1]
-        # A short mount the new files make long is a long one from now on, every job of it: it
-        # keeps its place on the chain, but no longer cuts the mount it waits for (preempt) nor
-        # holds the drive's place for short ones (a burst trickling in over a minute made every
-        # tape's first mount short, then long: each cut the one before it, 51 mounts for 30
-        # tapes where 36 do).
+        # A short mount the new files make long (those that fit in its job; more than N make a
+        # job of their own, judged at the next join) is a long one from then on, every job of
+        # it: it keeps its place on the chain, but no longer cuts the mount it waits for
+        # (preempt), a later short mount goes ahead of it, and it counts among the drive's long
+        # mounts. (overlap's burst stretched over a minute made tapes' first mounts short, then
+        # long: 15 cuts, 51 mounts for 30 tapes where 36 do.) The whole is this job re-estimated
+        # plus the others' estimates: a mount of several jobs counts its fixed costs twice, on
+        # the long side.
         jumps = piece.jumps and parts.get((piece.tape, piece.chain), 0.0) + estimate <= short_mount_s
         if piece.jumps and not jumps:
             grown.append((piece.tape, piece.chain))

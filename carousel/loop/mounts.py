@@ -1,6 +1,7 @@
 """The mount plan's glue (its pure part is plan.py): one chain of mounts per drive, laid out
 from what is planned or in flight; short mounts first and preemption of a long one; sending
 each job once the one before it on its chain is finished."""
+import copy
 import logging
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -186,6 +187,9 @@ class MountPlanner:
         # not start now on one of them (its group may not use it) is held after all.
         held = self._wear_holds(mounts, tapes, control=control, now=now, priorities=priorities or {})
         idle = {name for name, c in chains.items() if c.tail is None and c.front is None}
+        # _place updates the chains it is given: a laying out again starts from a copy of them
+        # as read (the database has not changed in between; reading them again cost two queries).
+        read = copy.deepcopy(chains) if held else None
         pieces, started = self._place(steps, held, ordered, chains, idle, control=control, groups=groups, split=split)
         if held:
             free = Counter(name.rsplit("/", 1)[0] for name in idle - set(started.values()))
@@ -197,12 +201,12 @@ class MountPlanner:
             if released:
                 rules = held
                 held = {tape: rule for tape, rule in rules.items() if tape not in released}
-                pieces, started = self._place(steps, held, ordered, self._chains(), idle, control=control,
+                pieces, started = self._place(steps, held, ordered, copy.deepcopy(read), idle, control=control,
                                               groups=groups, split=split)
                 late = released - set(started)
                 if late:  # not started now on an idle drive: held after all
                     held.update({tape: rules[tape] for tape in late})
-                    pieces, _ = self._place(steps, held, ordered, self._chains(), idle, control=control,
+                    pieces, _ = self._place(steps, held, ordered, copy.deepcopy(read), idle, control=control,
                                             groups=groups, split=split)
         self.held = held
         return pieces
